@@ -1,0 +1,26 @@
+# The two commands a fresh machine needs: `make run` and `make test`.
+ARGS ?=
+PY := .venv/bin/python
+
+.PHONY: run test lint bench golden readme
+run:
+	scripts/install-deps.sh
+	.venv/bin/gpunode-exporter $(ARGS)
+
+test:
+	scripts/install-deps.sh --test
+	.venv/bin/ruff check exporter tests benchmarks scripts
+	$(PY) -m pytest
+
+lint:
+	.venv/bin/ruff check exporter tests benchmarks scripts
+
+bench:
+	scripts/install-deps.sh --test
+	$(PY) benchmarks/scrape_latency.py
+
+golden:  # regenerate tests/golden/ after an intended change; review the diff
+	GOLDEN_UPDATE=1 $(PY) -m pytest tests/test_golden.py
+
+readme:  # regenerate the flag and metric tables in README.md
+	$(PY) -m exporter.docs README.md

@@ -1,0 +1,125 @@
+"""Command line: serve (the default), dump; node_exporter-style flags."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.process_collector import ProcessCollector
+
+from exporter import __version__, config, webconfig
+from exporter.collector import COLLECTORS, Context
+from exporter.netroute import CachedLookup, route_device
+from exporter.scrape import Scraper
+
+PROG = "gpunode-exporter"
+DEFAULT_LISTEN = ":19835"
+COMMANDS = ("serve", "dump")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{PROG}: error: {message}\n")
+        sys.exit(2)
+
+
+def _common_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    p.add_argument("--path.procfs", dest="procfs", type=Path, default=Path("/proc"),
+                   metavar="DIR", help="procfs mountpoint (default: /proc)")
+    p.add_argument("--path.sysfs", dest="sysfs", type=Path, default=Path("/sys"),
+                   metavar="DIR", help="sysfs mountpoint (default: /sys)")
+    p.add_argument("--config.file", dest="config_file", type=Path, metavar="FILE",
+                   help="optional YAML configuration (see README)")
+    p.add_argument("--log.level", dest="log_level", default="info",
+                   choices=("debug", "info", "warn", "error"), help="log level (default: info)")
+    for name, cls in sorted(COLLECTORS.items()):
+        state = "enabled" if cls.default_enabled else "disabled"
+        p.add_argument(f"--collector.{name}", dest=f"collector_{name}",
+                       action=argparse.BooleanOptionalAction, default=cls.default_enabled,
+                       help=f"{cls.description} (default: {state})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="GPU training-node exporter for Prometheus.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = sub.add_parser("serve", help="serve metrics over HTTP (the default)",
+                           description="Serve metrics over HTTP. Also: `dump` collects once "
+                           "and prints the exposition.")
+    _common_flags(serve)
+    serve.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN,
+                       metavar="[HOST]:PORT", help=f"address to listen on (default: {DEFAULT_LISTEN})")
+    serve.add_argument("--web.telemetry-path", dest="telemetry_path", default="/metrics",
+                       metavar="PATH", help="path under which to expose metrics (default: /metrics)")
+    serve.add_argument("--web.config.file", dest="web_config", type=Path, metavar="FILE",
+                       help="exporter-toolkit web config: TLS and basic auth")
+    dump = sub.add_parser("dump", help="collect once, print the exposition to stdout, exit",
+                          description="Collect once, print the exposition to stdout, exit.")
+    _common_flags(dump)
+    return parser
+
+
+def _enabled(args: argparse.Namespace, ctx: Context) -> list:
+    return [cls(ctx) for name, cls in sorted(COLLECTORS.items()) if getattr(args, f"collector_{name}")]
+
+
+def _context(args: argparse.Namespace, cfg: config.Config) -> Context:
+    lookup = (CachedLookup(route_device, cfg.nfs.route_cache_seconds)
+              if cfg.nfs.resolve_devices else (lambda _address: None))
+    return Context(procfs=args.procfs, sysfs=args.sysfs, config=cfg, route_lookup=lookup)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0] not in COMMANDS and argv[0] != "--version"):
+        argv.insert(0, "serve")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper().replace("WARN", "WARNING"), stream=sys.stderr,
+                        format="%(asctime)s level=%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = config.load(args.config_file)
+        web = webconfig.load(args.web_config) if args.command == "serve" else None
+    except config.ConfigError as err:
+        parser.error(str(err))
+    scraper = Scraper(_enabled(args, _context(args, cfg)), cfg.collector_timeout_seconds)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(scraper)
+    if args.command == "dump":
+        sys.stdout.write(generate_latest(registry).decode())
+        scraper.close()
+        return 0
+    return _serve(args, registry, web)
+
+
+def _serve(args: argparse.Namespace, registry: CollectorRegistry, web: webconfig.WebConfig) -> int:
+    from exporter.http import make_handler, make_server
+
+    registry.register(ProcessCollector(registry=None))
+    handler = make_handler(lambda: generate_latest(registry), web, args.telemetry_path)
+    try:
+        server = make_server(args.listen, handler, web)
+    except ValueError as err:
+        _Parser(prog=PROG).error(str(err))
+    except OSError as err:
+        sys.stderr.write(f"{PROG}: error: cannot listen on {args.listen}: {err.strerror}\n")
+        return 1
+    log = logging.getLogger(PROG)
+    log.info("listening on %s%s (%s)", args.listen, args.telemetry_path,
+             "TLS" if web.ssl_context else "plain HTTP")
+    def _shutdown(signum: int, _frame: object) -> None:
+        log.info("received signal %d, shutting down", signum)
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, _shutdown)
+    signal.signal(signal.SIGINT, _shutdown)
+    server.serve_forever()
+    server.server_close()
+    return 0

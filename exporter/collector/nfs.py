@@ -1,0 +1,144 @@
+"""NFS client RPC statistics per mount, operation and transport (from mountstats)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from prometheus_client.metrics_core import Metric
+
+from exporter.collector.base import Collector, MetricSpec, register
+from exporter.procfs import mountstats
+
+log = logging.getLogger(__name__)
+
+_OP = ("mountpoint", "export", "op")
+_XPRT = ("mountpoint", "export", "transport", "protocol")
+
+OPERATIONS = MetricSpec("gpunode_nfs_rpc_operations_total", "counter",
+                        "RPC requests completed, per mount and NFS operation.", _OP)
+TRANSMISSIONS = MetricSpec("gpunode_nfs_rpc_transmissions_total", "counter",
+                           "RPC transmissions, retransmissions included.", _OP)
+MAJOR_TIMEOUTS = MetricSpec("gpunode_nfs_rpc_major_timeouts_total", "counter",
+                            "RPC requests that hit a major timeout.", _OP)
+ERRORS = MetricSpec("gpunode_nfs_rpc_errors_total", "counter",
+                    "RPC requests that completed with an error status (kernels >= 5.3 only).", _OP)
+SENT_BYTES = MetricSpec("gpunode_nfs_rpc_sent_bytes_total", "counter",
+                        "Bytes sent, RPC headers and payload.", _OP)
+RECEIVED_BYTES = MetricSpec("gpunode_nfs_rpc_received_bytes_total", "counter",
+                            "Bytes received, RPC headers and payload.", _OP)
+QUEUE_SECONDS = MetricSpec("gpunode_nfs_rpc_queue_seconds_total", "counter",
+                           "Time requests waited for an RPC slot and in the transmit queue.", _OP)
+RTT_SECONDS = MetricSpec("gpunode_nfs_rpc_rtt_seconds_total", "counter",
+                         "Time from transmission to reply: network plus server.", _OP)
+EXECUTE_SECONDS = MetricSpec("gpunode_nfs_rpc_execute_seconds_total", "counter",
+                             "Whole request time, from creation to completion.", _OP)
+
+SENDS = MetricSpec("gpunode_nfs_transport_sends_total", "counter",
+                   "RPC requests sent on this transport.", _XPRT)
+RECEIVES = MetricSpec("gpunode_nfs_transport_receives_total", "counter",
+                      "RPC replies received on this transport.", _XPRT)
+BAD_XIDS = MetricSpec("gpunode_nfs_transport_bad_xids_total", "counter",
+                      "Replies whose transaction id matched no request.", _XPRT)
+CONNECTS = MetricSpec("gpunode_nfs_transport_connects_total", "counter",
+                      "Connections made to the server (absent for udp).", _XPRT)
+IN_FLIGHT_SUM = MetricSpec("gpunode_nfs_transport_in_flight_sum_total", "counter",
+                           "Requests in flight summed at each send (req_u); divide its rate by "
+                           "the sends rate for the mean slot occupancy.", _XPRT)
+BACKLOG_SUM = MetricSpec("gpunode_nfs_transport_backlog_sum_total", "counter",
+                         "Requests waiting for a free slot summed at each send (bklog_u).", _XPRT)
+SENDING_SUM = MetricSpec("gpunode_nfs_transport_sending_sum_total", "counter",
+                         "Sending-queue length summed at each send (sending_u; statvers 1.1).", _XPRT)
+PENDING_SUM = MetricSpec("gpunode_nfs_transport_pending_sum_total", "counter",
+                         "Requests awaiting a reply summed at each send (pending_u; statvers 1.1).",
+                         _XPRT)
+MAX_SLOTS = MetricSpec("gpunode_nfs_transport_max_slots", "gauge",
+                       "Most RPC slots ever in use at once (high-water mark; rdma does not report it).",
+                       _XPRT)
+
+MOUNT_INFO = MetricSpec("gpunode_nfs_mount_info", "gauge",
+                        "NFS mount: transport protocol, server address and the local interface "
+                        "that routes to it (device is empty when no route is known).",
+                        ("mountpoint", "export", "protocol", "server_address", "device"))
+PARSE_ERRORS = MetricSpec("gpunode_nfs_parse_errors_total", "counter",
+                          "Malformed mountstats sections skipped, counted on every read that saw one.")
+
+# Transport metrics and the xprt field each comes from.
+_TRANSPORT_FIELDS = (
+    (SENDS, "sends"), (RECEIVES, "recvs"), (BAD_XIDS, "bad_xids"), (CONNECTS, "connect_count"),
+    (IN_FLIGHT_SUM, "req_u"), (BACKLOG_SUM, "bklog_u"), (SENDING_SUM, "sending_u"),
+    (PENDING_SUM, "pending_u"), (MAX_SLOTS, "max_slots"),
+)
+
+
+def read_mountstats(procfs: Path) -> str:
+    """The NFS client's view from our own mount namespace, else from PID 1's (containers)."""
+    try:
+        return (procfs / "self" / "mountstats").read_text(errors="replace")
+    except FileNotFoundError:
+        return (procfs / "1" / "mountstats").read_text(errors="replace")
+
+
+@register
+class NFSCollector(Collector):
+    name = "nfs"
+    description = "NFS client RPC time split (slot wait vs network+server), per mount and op."
+    metrics = (OPERATIONS, TRANSMISSIONS, MAJOR_TIMEOUTS, ERRORS, SENT_BYTES, RECEIVED_BYTES,
+               QUEUE_SECONDS, RTT_SECONDS, EXECUTE_SECONDS,
+               *(spec for spec, _ in _TRANSPORT_FIELDS), MOUNT_INFO, PARSE_ERRORS)
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self._parse_errors = 0
+
+    def collect(self) -> Iterator[Metric]:
+        stats = mountstats.parse(read_mountstats(self.ctx.procfs))
+        for problem in stats.problems:
+            log.warning("mountstats: skipped section %r at line %d: %s",
+                        problem.mountpoint, problem.line, problem.reason)
+        self._parse_errors += len(stats.problems)
+
+        op_fams = {spec: spec.family() for spec in self.metrics if spec.labels == _OP}
+        xprt_fams = {spec: spec.family() for spec, _ in _TRANSPORT_FIELDS}
+        info = MOUNT_INFO.family()
+        seen: set[tuple[str, str]] = set()
+        for mount in stats.mounts:
+            key = (mount.mountpoint, mount.export)
+            if key in seen:  # the same export stacked on one mountpoint
+                continue
+            seen.add(key)
+            self._add_operations(op_fams, mount)
+            for index, xprt in enumerate(mount.transports):
+                labels = (*key, str(index), xprt.protocol)
+                for spec, field in _TRANSPORT_FIELDS:
+                    if field in xprt.values:
+                        xprt_fams[spec].add(labels, xprt.values[field])
+            protocol = mount.transports[0].protocol if mount.transports else mount.options.get("proto", "")
+            address = mount.server_address
+            device = self.ctx.route_lookup(address) if address else None
+            info.add((*key, protocol, address, device or ""), 1)
+
+        yield from op_fams.values()
+        yield from xprt_fams.values()
+        yield info
+        errors = PARSE_ERRORS.family()
+        errors.add((), self._parse_errors)
+        yield errors
+
+    @staticmethod
+    def _add_operations(fams: dict[MetricSpec, Metric], mount: mountstats.NFSMount) -> None:
+        for op in mount.operations:
+            labels = (mount.mountpoint, mount.export, op.name)
+            fams[OPERATIONS].add(labels, op.requests)
+            fams[TRANSMISSIONS].add(labels, op.transmissions)
+            fams[MAJOR_TIMEOUTS].add(labels, op.major_timeouts)
+            fams[SENT_BYTES].add(labels, op.sent_bytes)
+            fams[RECEIVED_BYTES].add(labels, op.received_bytes)
+            if op.errors is not None:
+                fams[ERRORS].add(labels, op.errors)
+            # Old kernels wrap negative sums to near 2^64: such a value is no counter.
+            for spec, ms in ((QUEUE_SECONDS, op.queue_ms), (RTT_SECONDS, op.rtt_ms),
+                             (EXECUTE_SECONDS, op.execute_ms)):
+                if ms < mountstats.WRAPPED_THRESHOLD:
+                    fams[spec].add(labels, ms / 1000.0)

@@ -1,0 +1,69 @@
+"""The optional --config.file: YAML for what flags don't cover, strictly checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """Names the key that is wrong; the CLI prints it on one line and exits 2."""
+
+
+@dataclass(frozen=True)
+class NFSConfig:
+    # Look up which interface routes to each NFS server (netlink, cached).
+    resolve_devices: bool = True
+    route_cache_seconds: float = 60.0
+
+
+@dataclass(frozen=True)
+class Config:
+    # A collector still running after this many seconds is reported failed for the scrape.
+    collector_timeout_seconds: float = 5.0
+    nfs: NFSConfig = field(default_factory=NFSConfig)
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'top level'}: want a mapping, got {type(data).__name__}")
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"unknown key '{where + '.' if where else ''}{key}'")
+    values = {}
+    for name, value in data.items():
+        path = f"{where}.{name}" if where else name
+        want = hints[name]
+        if is_dataclass(want):
+            values[name] = _build(want, value, path)
+        elif want is bool:
+            if not isinstance(value, bool):
+                raise ConfigError(f"key '{path}': want true or false, got {value!r}")
+            values[name] = value
+        elif want is float:
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"key '{path}': want a positive number, got {value!r}")
+            values[name] = float(value)
+        else:  # pragma: no cover - a new field type needs a branch here
+            raise ConfigError(f"key '{path}': unsupported type")
+    return cls(**values)
+
+
+def load(path: Path | None) -> Config:
+    if path is None:
+        return Config()
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"cannot read {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: invalid YAML: {str(err).splitlines()[0]}") from None
+    try:
+        return _build(Config, data or {}, "")
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None

@@ -1,0 +1,1 @@
+"""Pure parsers of kernel files: text in, data out (like prometheus/procfs)."""

@@ -1,0 +1,214 @@
+"""Pure parser for /proc/PID/mountstats (NFS client sections only).
+
+Text in, data out: no file access, no metrics. Field layouts follow the kernel's
+printers (fs/nfs/super.c nfs_show_stats, net/sunrpc/stats.c, xprtsock.c,
+xprtrdma/transport.c); see tests/fixtures/mountstats-real/FORMAT.md.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+NFS_FSTYPES = frozenset({"nfs", "nfs4"})
+
+# Field names of each transport's xprt line, in kernel order. Older kernels
+# print a prefix of these (statvers 1.0 lacks max_slots, sending_u, pending_u);
+# newer ones may append fields, which are ignored.
+TRANSPORT_FIELDS: dict[str, tuple[str, ...]] = {
+    "tcp": ("port", "bind_count", "connect_count", "connect_time", "idle_time",
+            "sends", "recvs", "bad_xids", "req_u", "bklog_u",
+            "max_slots", "sending_u", "pending_u"),
+    "udp": ("port", "bind_count", "sends", "recvs", "bad_xids", "req_u", "bklog_u",
+            "max_slots", "sending_u", "pending_u"),
+    "local": ("bind_count", "connect_count", "connect_time", "idle_time",
+              "sends", "recvs", "bad_xids", "req_u", "bklog_u",
+              "max_slots", "sending_u", "pending_u"),
+    # rdma prints the generic counters, then its own; it has no max_slots.
+    "rdma": ("port", "bind_count", "connect_count", "connect_time", "idle_time",
+             "sends", "recvs", "bad_xids", "req_u", "bklog_u"),
+}
+# Fields every kernel prints; a shorter line is malformed.
+_REQUIRED_UNTIL = {"tcp": "bklog_u", "udp": "bklog_u", "local": "bklog_u", "rdma": "bklog_u"}
+
+_DEVICE_RE = re.compile(
+    r"^device (?P<device>\S+) mounted on (?P<mountpoint>\S+) with fstype (?P<fstype>\S+)"
+    r"(?: statvers=(?P<statvers>\S+))?\s*$"
+)
+_OCTAL_ESCAPE_RE = re.compile(r"\\([0-7]{3})")
+# Times above this are negative sums wrapped to u64 by old kernels (procfs #166).
+WRAPPED_THRESHOLD = 1 << 63
+
+
+class MountStatsError(ValueError):
+    """A line that does not have the shape the kernel prints."""
+
+
+@dataclass(slots=True)
+class Operation:
+    name: str
+    requests: int
+    transmissions: int
+    major_timeouts: int
+    sent_bytes: int
+    received_bytes: int
+    queue_ms: int
+    rtt_ms: int
+    execute_ms: int
+    errors: int | None  # only kernels >= 5.3 print it
+
+
+@dataclass(slots=True)
+class Transport:
+    protocol: str
+    values: dict[str, int]
+
+
+@dataclass(slots=True)
+class NFSMount:
+    device: str
+    mountpoint: str
+    fstype: str
+    statvers: str
+    options: dict[str, str] = field(default_factory=dict)
+    age_seconds: int | None = None
+    transports: list[Transport] = field(default_factory=list)
+    operations: list[Operation] = field(default_factory=list)
+
+    @property
+    def export(self) -> str:
+        return self.device
+
+    @property
+    def server_address(self) -> str:
+        """The server's IP as the kernel resolved it, else the host part of the device."""
+        for key in ("addr", "mountaddr"):
+            if self.options.get(key):
+                return self.options[key]
+        host = self.device.rsplit(":", 1)[0] if ":" in self.device else ""
+        return host.strip("[]")
+
+
+@dataclass(slots=True)
+class ParseProblem:
+    mountpoint: str
+    line: int
+    reason: str
+
+
+@dataclass(slots=True)
+class MountStats:
+    mounts: list[NFSMount]
+    problems: list[ParseProblem]
+
+
+def unescape(value: str) -> str:
+    """Undo the kernel's seq_escape of space, tab, newline and backslash (\\040 etc.)."""
+    if "\\" not in value:
+        return value
+    return _OCTAL_ESCAPE_RE.sub(lambda m: chr(int(m.group(1), 8)), value)
+
+
+def _ints(fields: list[str], what: str) -> list[int]:
+    try:
+        return [int(f) for f in fields]
+    except ValueError:
+        raise MountStatsError(f"non-numeric field in {what}") from None
+
+
+def parse_operation(line: str) -> Operation:
+    name, sep, rest = line.strip().partition(":")
+    if not sep or not name:
+        raise MountStatsError("per-op line without 'NAME:'")
+    nums = _ints(rest.split(), f"op {name}")
+    if len(nums) < 8:
+        raise MountStatsError(f"op {name}: {len(nums)} numbers, want 8 or 9")
+    return Operation(name, *nums[:8], errors=nums[8] if len(nums) > 8 else None)
+
+
+def parse_transport(rest: str) -> Transport:
+    parts = rest.split()
+    if not parts:
+        raise MountStatsError("empty xprt line")
+    protocol = parts[0]
+    names = TRANSPORT_FIELDS.get(protocol)
+    if names is None:
+        raise MountStatsError(f"unknown transport {protocol!r}")
+    nums = _ints(parts[1:], f"xprt {protocol}")
+    required = names.index(_REQUIRED_UNTIL[protocol]) + 1
+    if len(nums) < required:
+        raise MountStatsError(f"xprt {protocol}: {len(nums)} numbers, want at least {required}")
+    return Transport(protocol, dict(zip(names, nums, strict=False)))
+
+
+def _parse_options(rest: str) -> dict[str, str]:
+    options = {}
+    for item in rest.strip().split(","):
+        key, _, value = item.partition("=")
+        options[key] = value
+    return options
+
+
+def _parse_nfs_body(mount: NFSMount, lines: list[str]) -> None:
+    in_ops = False
+    for line in lines:
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if in_ops:
+            mount.operations.append(parse_operation(stripped))
+            continue
+        tag, _, rest = stripped.partition(":")
+        if tag == "opts":
+            mount.options = _parse_options(rest)
+        elif tag == "age":
+            mount.age_seconds = _ints(rest.split()[:1], "age")[0] if rest.split() else None
+        elif tag == "xprt":
+            mount.transports.append(parse_transport(rest))
+        elif stripped == "per-op statistics":
+            in_ops = True
+        # events, bytes, caps, sec, nfsv4, fsc, impl_id, RPC iostats: not used here.
+
+
+def parse(text: str) -> MountStats:
+    """Parse a whole mountstats file; malformed NFS sections are dropped and reported."""
+    mounts: list[NFSMount] = []
+    problems: list[ParseProblem] = []
+    lines = text.split("\n")
+    n = len(lines)
+    i = 0
+    while i < n:
+        line = lines[i]
+        if not line.startswith("device "):
+            if line.strip():
+                problems.append(ParseProblem("", i + 1, "text outside a device section"))
+            i += 1
+            continue
+        start = i
+        i += 1
+        while i < n and not lines[i].startswith("device "):
+            i += 1
+        m = _DEVICE_RE.match(line)
+        if m is None:
+            if " fstype nfs" in line:  # only NFS headers concern us
+                problems.append(ParseProblem("", start + 1, "malformed device line"))
+            continue
+        if m.group("fstype") not in NFS_FSTYPES:
+            continue
+        mount = NFSMount(
+            device=unescape(m.group("device")),
+            mountpoint=unescape(m.group("mountpoint")),
+            fstype=m.group("fstype"),
+            statvers=m.group("statvers") or "",
+        )
+        if not mount.statvers:
+            # NFS prints stats only once the superblock is set up; a bare header is
+            # a mount that is still being set up or torn down.
+            continue
+        try:
+            _parse_nfs_body(mount, lines[start + 1 : i])
+        except MountStatsError as err:
+            problems.append(ParseProblem(mount.mountpoint, start + 1, str(err)))
+            continue
+        mounts.append(mount)
+    return MountStats(mounts, problems)

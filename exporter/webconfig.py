@@ -1,0 +1,145 @@
+"""--web.config.file in the Prometheus exporter-toolkit format: TLS and basic auth.
+
+Keys this Python server cannot honour exactly (cipher_suites, curve_preferences,
+client_allowed_sans, RequestClientCert, ...) are refused with an error rather
+than silently ignored: a security setting that is quietly dropped is worse than none.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import ssl
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import bcrypt
+import yaml
+
+from exporter.config import ConfigError
+
+_TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+_CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+_TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version",
+             "max_version"}
+_UNSUPPORTED_TLS_KEYS = {"cert", "key", "client_ca", "cipher_suites", "curve_preferences",
+                         "prefer_server_cipher_suites", "client_allowed_sans"}
+
+
+@functools.cache
+def _dummy_hash() -> bytes:
+    """Checked for unknown users, so they cost as much time as known ones."""
+    return bcrypt.hashpw(b"unknown-user", bcrypt.gensalt(10))
+
+
+@dataclass
+class WebConfig:
+    ssl_context: ssl.SSLContext | None = None
+    users: dict[str, bytes] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    _verified: dict[tuple[str, bytes], bool] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def authorized(self, user: str, password: str) -> bool:
+        """bcrypt is slow by design: remember each (user, password digest) outcome."""
+        if not self.users:
+            return True
+        key = (user, hashlib.sha256(password.encode()).digest())
+        with self._lock:
+            cached = self._verified.get(key)
+        if cached is not None:
+            return cached
+        hashed = self.users.get(user)
+        try:
+            ok = bcrypt.checkpw(password.encode(), hashed or _dummy_hash()) and hashed is not None
+        except ValueError:
+            ok = False
+        with self._lock:
+            if len(self._verified) > 1024:
+                self._verified.clear()
+            self._verified[key] = ok
+        return ok
+
+
+def _check_keys(section: dict, known: set[str], where: str) -> None:
+    for key in section:
+        if key in _UNSUPPORTED_TLS_KEYS:
+            raise ConfigError(f"{where}.{key}: not supported by gpunode-exporter")
+        if key not in known:
+            raise ConfigError(f"unknown key '{where}.{key}'")
+
+
+def _ssl_context(tls: dict, base: Path) -> ssl.SSLContext:
+    _check_keys(tls, _TLS_KEYS, "tls_server_config")
+    cert, key = tls.get("cert_file"), tls.get("key_file")
+    if not cert or not key:
+        raise ConfigError("tls_server_config: cert_file and key_file are both required")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    for name, attr, default in (("min_version", "minimum_version", "TLS12"),
+                                ("max_version", "maximum_version", "TLS13")):
+        value = tls.get(name, default)
+        if value not in _TLS_VERSIONS:
+            raise ConfigError(f"tls_server_config.{name}: unknown version {value!r}")
+        setattr(ctx, attr, _TLS_VERSIONS[value])
+    try:
+        ctx.load_cert_chain(base / cert, base / key)
+    except (OSError, ssl.SSLError) as err:
+        raise ConfigError(f"tls_server_config: cannot load cert_file/key_file: {err}") from None
+    auth = tls.get("client_auth_type", "NoClientCert")
+    if auth not in _CLIENT_AUTH:
+        raise ConfigError(f"tls_server_config.client_auth_type: {auth!r} not supported "
+                          f"(use one of {', '.join(_CLIENT_AUTH)})")
+    ctx.verify_mode = _CLIENT_AUTH[auth]
+    ca = tls.get("client_ca_file")
+    if ca:
+        if auth == "NoClientCert":
+            raise ConfigError("tls_server_config: client_ca_file set but client_auth_type is NoClientCert")
+        try:
+            ctx.load_verify_locations(base / ca)
+        except (OSError, ssl.SSLError) as err:
+            raise ConfigError(f"tls_server_config.client_ca_file: {err}") from None
+    elif auth != "NoClientCert":
+        raise ConfigError(f"tls_server_config: client_auth_type {auth} needs client_ca_file")
+    return ctx
+
+
+def load(path: Path | None) -> WebConfig:
+    if path is None:
+        return WebConfig()
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as err:
+        raise ConfigError(f"cannot read {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: invalid YAML: {str(err).splitlines()[0]}") from None
+    try:
+        return _parse(data, path.parent)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def _parse(data: object, base: Path) -> WebConfig:
+    if not isinstance(data, dict):
+        raise ConfigError("want a mapping at the top level")
+    _check_keys(data, {"tls_server_config", "basic_auth_users", "http_server_config"}, "web")
+    web = WebConfig()
+    if data.get("tls_server_config"):
+        web.ssl_context = _ssl_context(data["tls_server_config"], base)
+    for user, hashed in (data.get("basic_auth_users") or {}).items():
+        hashed = str(hashed).encode()
+        if not hashed.startswith((b"$2a$", b"$2b$", b"$2y$")):
+            raise ConfigError(f"basic_auth_users.{user}: not a bcrypt hash")
+        web.users[str(user)] = hashed
+    http = data.get("http_server_config") or {}
+    _check_keys(http, {"headers", "http2"}, "http_server_config")
+    web.headers = {str(k): str(v) for k, v in (http.get("headers") or {}).items()}
+    return web
+

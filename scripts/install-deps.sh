@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what the exporter (and, with --test, the test suite) needs on a fresh
+# Debian bookworm machine: a virtualenv in .venv with the package, and Debian's
+# Prometheus tools that the tests run against (promtool, node_exporter, iproute2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+want_test=0
+[ "${1:-}" = "--test" ] && want_test=1
+
+need_apt=()
+if [ "$want_test" = 1 ]; then
+  command -v promtool >/dev/null || need_apt+=(prometheus)
+  command -v prometheus-node-exporter >/dev/null || need_apt+=(prometheus-node-exporter)
+fi
+command -v ip >/dev/null || need_apt+=(iproute2)
+if [ "${#need_apt[@]}" -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "install-deps: need root to apt-get install ${need_apt[*]}" >&2
+    exit 1
+  fi
+  echo "install-deps: apt-get install ${need_apt[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+python3 -m venv .venv
+extra=""
+[ "$want_test" = 1 ] && extra="[test]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extra}"

@@ -1,0 +1,75 @@
+"""The command line: dump, --version, flags, and one-line errors with exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exporter import __version__
+
+ROOT = Path(__file__).parent.parent
+EDGE = ROOT / "tests" / "fixtures" / "procfs" / "edge"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "exporter", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+
+
+def test_version() -> None:
+    out = run("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"gpunode-exporter {__version__}"
+
+
+def test_dump_prints_the_exposition() -> None:
+    out = run("dump", "--path.procfs", str(EDGE))
+    assert out.returncode == 0
+    assert 'gpunode_scrape_collector_success{collector="nfs"} 1.0' in out.stdout
+    assert "gpunode_nfs_rpc_queue_seconds_total{" in out.stdout
+
+
+def test_disabled_collector_is_not_run() -> None:
+    out = run("dump", "--path.procfs", str(EDGE), "--no-collector.nfs")
+    assert out.returncode == 0
+    assert "gpunode_nfs_" not in out.stdout and 'collector="nfs"' not in out.stdout
+
+
+def test_failed_collector_still_gives_exit_0_and_a_metric(tmp_path: Path) -> None:
+    out = run("dump", "--path.procfs", str(tmp_path))
+    assert out.returncode == 0
+    assert 'gpunode_scrape_collector_success{collector="nfs"} 0.0' in out.stdout
+    assert "collector nfs failed: FileNotFoundError" in out.stderr
+
+
+@pytest.mark.parametrize(("args", "config", "message"), [
+    (["--bogus"], None, "unrecognized arguments: --bogus"),
+    (["--log.level", "loud"], None, "--log.level: invalid choice"),
+    ([], "nfs:\n  resolve_devicez: true\n", "unknown key 'nfs.resolve_devicez'"),
+    ([], "collector_timeout_seconds: soon\n", "key 'collector_timeout_seconds': want a positive number"),
+    ([], "nfs: [1, 2]\n", "nfs: want a mapping"),
+    ([], "a: [unclosed\n", "invalid YAML"),
+])
+def test_bad_flags_and_config_exit_2_with_one_line(tmp_path: Path, args: list[str], config: str | None,
+                                                   message: str) -> None:
+    if config is not None:
+        (tmp_path / "c.yml").write_text(config)
+        args = [*args, "--config.file", str(tmp_path / "c.yml")]
+    out = run("dump", "--path.procfs", str(EDGE), *args)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+    assert out.stdout == ""
+
+
+def test_missing_config_file_is_named() -> None:
+    out = run("dump", "--config.file", "/nonexistent/c.yml")
+    assert out.returncode == 2 and "cannot read /nonexistent/c.yml" in out.stderr
+
+
+def test_valid_config_is_used(tmp_path: Path) -> None:
+    (tmp_path / "c.yml").write_text("collector_timeout_seconds: 2\nnfs:\n  resolve_devices: false\n")
+    out = run("dump", "--path.procfs", str(EDGE), "--config.file", str(tmp_path / "c.yml"))
+    assert out.returncode == 0
+    assert 'device="",export="stor-a.example:/ckpt"' in out.stdout

@@ -1,0 +1,58 @@
+"""End to end: `gpunode-exporter dump` on fixture procfs trees equals the checked-in output.
+
+Regenerate after an intended change with:  GOLDEN_UPDATE=1 python -m pytest tests/test_golden.py
+Review the diff of tests/golden/ before committing it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.netns import storage_netns
+
+HERE = Path(__file__).parent
+SCENARIOS = ("real", "edge")
+# Lines that differ from run to run or release to release.
+_DURATION = re.compile(r"^gpunode_scrape_collector_duration_seconds\{.*$\n", re.M)
+_BUILD = re.compile(r'^(gpunode_exporter_build_info)\{.*\} ', re.M)
+
+
+def dump(netns: str, procfs: Path) -> str:
+    cmd = ["ip", "netns", "exec", netns, sys.executable, "-m", "exporter", "dump",
+           "--path.procfs", str(procfs)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=HERE.parent)
+    return out.stdout
+
+
+def normalize(exposition: str) -> str:
+    return _BUILD.sub(r'\1{python_version="X",version="X"} ', _DURATION.sub("", exposition))
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_dump_matches_golden(scenario: str) -> None:
+    with storage_netns() as ns:
+        got = normalize(dump(ns, HERE / "fixtures" / "procfs" / scenario))
+    golden = HERE / "golden" / f"{scenario}.prom"
+    if os.environ.get("GOLDEN_UPDATE"):
+        golden.write_text(got)
+    assert got == golden.read_text(), f"dump differs from {golden}; see the module docstring"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_dump_passes_promtool(scenario: str) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (scripts/install-deps.sh installs it)")
+    with storage_netns() as ns:
+        exposition = dump(ns, HERE / "fixtures" / "procfs" / scenario)
+    check = subprocess.run([promtool, "check", "metrics"], input=exposition,
+                           capture_output=True, text=True)
+    assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), (
+        check.stdout + check.stderr)

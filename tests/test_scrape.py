@@ -1,0 +1,99 @@
+"""The collector framework: failures and overruns are reported, the rest is served."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collector.base import Collector, MetricSpec
+from exporter.collector.nfs import NFSCollector
+from exporter.scrape import Scraper
+from tests.helpers import nfs_context
+
+OK = MetricSpec("test_ok", "gauge", "A value.")
+EDGE = Path(__file__).parent / "fixtures" / "procfs" / "edge"
+
+
+class Fake(Collector):
+    description = "test"
+    metrics = (OK,)
+
+    def __init__(self, name: str, behaviour: str, release: threading.Event | None = None) -> None:
+        self.name = name
+        self.behaviour = behaviour
+        self.release = release
+        self.calls = 0
+
+    def collect(self) -> Iterator[Metric]:
+        self.calls += 1
+        if self.behaviour == "raise":
+            raise RuntimeError("boom")
+        if self.behaviour == "hang":
+            assert self.release is not None
+            self.release.wait(10)
+        fam = OK.family()
+        fam.add((), self.calls)
+        yield fam
+
+
+def samples(scraper: Scraper) -> dict[tuple[str, str], float]:
+    out = {}
+    for fam in scraper.collect():
+        for s in fam.samples:
+            out[(s.name, s.labels.get("collector", ""))] = s.value
+    return out
+
+
+def test_failing_collector_is_reported_and_others_served() -> None:
+    scraper = Scraper([Fake("bad", "raise"), Fake("good", "ok")], timeout=2)
+    got = samples(scraper)
+    assert got[("gpunode_scrape_collector_success", "bad")] == 0
+    assert got[("gpunode_scrape_collector_success", "good")] == 1
+    assert got[("test_ok", "")] == 1
+    assert ("gpunode_scrape_collector_duration_seconds", "good") in got
+
+
+def test_permission_denied_is_a_failure_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    def deny(*_args: object, **_kwargs: object) -> str:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_text", deny)
+    scraper = Scraper([NFSCollector(nfs_context(EDGE)), Fake("good", "ok")], timeout=2)
+    got = samples(scraper)
+    assert got[("gpunode_scrape_collector_success", "nfs")] == 0
+    assert got[("gpunode_scrape_collector_success", "good")] == 1
+
+
+def test_hung_collector_times_out_and_is_not_started_twice() -> None:
+    release = threading.Event()
+    hung = Fake("slow", "hang", release)
+    scraper = Scraper([hung, Fake("good", "ok")], timeout=0.2)
+    try:
+        start = time.monotonic()
+        first = samples(scraper)
+        assert time.monotonic() - start < 2
+        assert first[("gpunode_scrape_collector_success", "slow")] == 0
+        assert first[("gpunode_scrape_collector_success", "good")] == 1
+        second = samples(scraper)
+        assert second[("gpunode_scrape_collector_success", "slow")] == 0
+        assert hung.calls == 1  # the second scrape joined the collection in flight
+    finally:
+        release.set()
+    time.sleep(0.1)
+    assert samples(scraper)[("gpunode_scrape_collector_success", "slow")] == 1
+
+
+def test_exposition_has_build_info_and_no_timestamps() -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Scraper([NFSCollector(nfs_context(EDGE))], timeout=5))
+    text = generate_latest(registry).decode()
+    assert 'gpunode_exporter_build_info{python_version="' in text
+    parsed = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+    assert parsed and all(s.timestamp is None for s in parsed)
