@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -15,6 +16,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from exporter import __version__, config, webconfig
 from exporter.collector import COLLECTORS, Context
+from exporter.exposition import Renderer
 from exporter.netroute import CachedLookup, route_device
 from exporter.scrape import Scraper
 
@@ -90,20 +92,21 @@ def main(argv: list[str] | None = None) -> int:
     except config.ConfigError as err:
         parser.error(str(err))
     scraper = Scraper(_enabled(args, _context(args, cfg)), cfg.collector_timeout_seconds)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(scraper)
+    renderer = Renderer()
     if args.command == "dump":
-        sys.stdout.write(generate_latest(registry).decode())
+        sys.stdout.write(renderer.render(scraper.collect()).decode())
         scraper.close()
         return 0
-    return _serve(args, registry, web)
+    # The exporter's own process metrics (memory, CPU, fds), from prometheus_client.
+    own = CollectorRegistry(auto_describe=False)
+    own.register(ProcessCollector(registry=None))
+    return _serve(args, lambda: renderer.render(scraper.collect()) + generate_latest(own), web)
 
 
-def _serve(args: argparse.Namespace, registry: CollectorRegistry, web: webconfig.WebConfig) -> int:
+def _serve(args: argparse.Namespace, render: Callable[[], bytes], web: webconfig.WebConfig) -> int:
     from exporter.http import make_handler, make_server
 
-    registry.register(ProcessCollector(registry=None))
-    handler = make_handler(lambda: generate_latest(registry), web, args.telemetry_path)
+    handler = make_handler(render, web, args.telemetry_path)
     try:
         server = make_server(args.listen, handler, web)
     except ValueError as err:

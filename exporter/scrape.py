@@ -16,10 +16,8 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from prometheus_client.metrics_core import Metric
-
 from exporter import __version__
-from exporter.collector.base import Collector, MetricSpec
+from exporter.collector.base import Collector, Family, MetricSpec
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +31,7 @@ BUILD_INFO = MetricSpec("gpunode_exporter_build_info", "gauge",
                         ("version", "python_version"))
 EXPORTER_METRICS = (SUCCESS, DURATION, BUILD_INFO)
 
-_Result = tuple[list[Metric], float]
+_Result = tuple[list[Family], float]
 
 
 def _run(collector: Collector) -> _Result:
@@ -43,7 +41,7 @@ def _run(collector: Collector) -> _Result:
 
 
 class Scraper:
-    """A prometheus_client collector over our collectors."""
+    """Collects one scrape's families from our collectors."""
 
     def __init__(self, collectors: Sequence[Collector], timeout: float) -> None:
         self.collectors = list(collectors)
@@ -61,7 +59,7 @@ class Scraper:
                 self._in_flight[collector.name] = future
             return future
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Family]:
         started = time.perf_counter()
         deadline = started + self.timeout
         futures = [(c, self._start(c)) for c in self.collectors]

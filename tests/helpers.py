@@ -2,21 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from exporter.collector.base import Collector, Context
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collector.base import Collector, Context, Family
 from exporter.config import Config
+from exporter.exposition import Renderer
+
+Series = dict[str, dict[tuple, float]]
 
 
 def nfs_context(procfs: Path, route_lookup: Callable[[str], str | None] = lambda _a: None) -> Context:
     return Context(procfs=procfs, sysfs=procfs.parent / "sys", config=Config(), route_lookup=route_lookup)
 
 
-def collect_samples(collector: Collector) -> dict[str, dict[tuple, float]]:
-    """{sample name: {sorted label items: value}} for one collect() call."""
-    series: dict[str, dict[tuple, float]] = {}
-    for family in collector.collect():
+def parse_exposition(text: str) -> Series:
+    """{sample name: {sorted label items: value}}."""
+    series: Series = {}
+    for family in text_string_to_metric_families(text):
         for s in family.samples:
             series.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
     return series
+
+
+def render(families: Iterable[Family]) -> str:
+    return Renderer().render(families).decode()
+
+
+def collect_samples(collector: Collector) -> Series:
+    """One collect() call, rendered and parsed back as Prometheus would."""
+    return parse_exposition(render(collector.collect()))

@@ -17,11 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collector.nfs import NFSCollector
 from exporter.procfs import mountstats
-from tests.helpers import collect_samples, nfs_context
+from tests.helpers import collect_samples, nfs_context, parse_exposition
 
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
 SAMPLES = sorted((Path(__file__).parent / "fixtures" / "mountstats-real").glob("*.txt"))
@@ -87,12 +86,7 @@ def node_exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pa
 
 
 def scrape(url: str) -> dict[str, dict[tuple, float]]:
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    series: dict[str, dict[tuple, float]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            series.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
-    return series
+    return parse_exposition(urllib.request.urlopen(url, timeout=10).read().decode())
 
 
 def wrapped_times(text: str) -> set[tuple[str, str, str]]:

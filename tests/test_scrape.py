@@ -8,14 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector.base import Collector, MetricSpec
+from exporter.collector.base import Collector, Family, MetricSpec
 from exporter.collector.nfs import NFSCollector
 from exporter.scrape import Scraper
-from tests.helpers import nfs_context
+from tests.helpers import nfs_context, parse_exposition, render
 
 OK = MetricSpec("test_ok", "gauge", "A value.")
 EDGE = Path(__file__).parent / "fixtures" / "procfs" / "edge"
@@ -31,7 +29,7 @@ class Fake(Collector):
         self.release = release
         self.calls = 0
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Family]:
         self.calls += 1
         if self.behaviour == "raise":
             raise RuntimeError("boom")
@@ -44,11 +42,9 @@ class Fake(Collector):
 
 
 def samples(scraper: Scraper) -> dict[tuple[str, str], float]:
-    out = {}
-    for fam in scraper.collect():
-        for s in fam.samples:
-            out[(s.name, s.labels.get("collector", ""))] = s.value
-    return out
+    return {(name, dict(labels).get("collector", "")): value
+            for name, series in parse_exposition(render(scraper.collect())).items()
+            for labels, value in series.items()}
 
 
 def test_failing_collector_is_reported_and_others_served() -> None:
@@ -91,9 +87,7 @@ def test_hung_collector_times_out_and_is_not_started_twice() -> None:
 
 
 def test_exposition_has_build_info_and_no_timestamps() -> None:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(Scraper([NFSCollector(nfs_context(EDGE))], timeout=5))
-    text = generate_latest(registry).decode()
-    assert 'gpunode_exporter_build_info{python_version="' in text
+    text = render(Scraper([NFSCollector(nfs_context(EDGE))], timeout=5).collect())
+    assert 'gpunode_exporter_build_info{version="' in text
     parsed = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
     assert parsed and all(s.timestamp is None for s in parsed)

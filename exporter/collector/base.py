@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from prometheus_client.metrics_core import Metric
-
 if TYPE_CHECKING:
     from exporter.config import Config
 
@@ -27,16 +25,18 @@ class MetricSpec:
         return Family(self)
 
 
-class Family(Metric):
-    """A metric family built fresh for one scrape."""
+class Family:
+    """A metric family built fresh for one scrape: rows of (label values, value)."""
+
+    __slots__ = ("rows", "spec")
 
     def __init__(self, spec: MetricSpec) -> None:
-        base = spec.name.removesuffix("_total") if spec.kind == "counter" else spec.name
-        super().__init__(base, spec.help, spec.kind)
         self.spec = spec
+        self.rows: list[tuple[tuple[str, ...], float]] = []
 
-    def add(self, label_values: Iterable[str], value: float) -> None:
-        self.add_sample(self.spec.name, dict(zip(self.spec.labels, label_values, strict=True)), value)
+    def add(self, label_values: tuple[str, ...], value: float) -> None:
+        """label_values in the order of spec.labels (checked when first rendered)."""
+        self.rows.append((label_values, value))
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Collector(abc.ABC):
         self.ctx = ctx
 
     @abc.abstractmethod
-    def collect(self) -> Iterable[Metric]:
+    def collect(self) -> Iterable[Family]:
         """Yield this scrape's metric families; raise to report the collector as failed."""
 
 
