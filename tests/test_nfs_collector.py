@@ -109,3 +109,12 @@ def test_wrapped_time_is_omitted_not_exported(tmp_path: Path) -> None:
     got = collect_samples(NFSCollector(nfs_context(root)))
     assert "gpunode_nfs_rpc_queue_seconds_total" not in got or not got["gpunode_nfs_rpc_queue_seconds_total"]
     assert len(got["gpunode_nfs_rpc_rtt_seconds_total"]) == 3
+
+
+def test_slot_table_limits_from_sunrpc_sysctls(procfs: Path) -> None:
+    got = collect_samples(NFSCollector(nfs_context(procfs)))["gpunode_nfs_slot_table_limit"]
+    assert got == {(("protocol", "rdma"),): 128, (("protocol", "tcp"),): 65536, (("protocol", "udp"),): 128}
+    (procfs / "sys" / "sunrpc" / "rdma_slot_table_entries").unlink()  # xprtrdma not loaded
+    (procfs / "sys" / "sunrpc" / "udp_max_slot_table_entries").write_text("garbage\n")
+    got = collect_samples(NFSCollector(nfs_context(procfs)))["gpunode_nfs_slot_table_limit"]
+    assert got == {(("protocol", "tcp"),): 65536}

@@ -59,6 +59,9 @@ MOUNT_INFO = MetricSpec("gpunode_nfs_mount_info", "gauge",
                         "NFS mount: transport protocol, server address and the local interface "
                         "that routes to it (device is empty when no route is known).",
                         ("mountpoint", "export", "protocol", "server_address", "device"))
+SLOT_TABLE_LIMIT = MetricSpec("gpunode_nfs_slot_table_limit", "gauge",
+                              "Most RPC slots a new transport of this protocol may use (sunrpc sysctl; "
+                              "NFSv4.1+ sessions may cap lower).", ("protocol",))
 PARSE_ERRORS = MetricSpec("gpunode_nfs_parse_errors_total", "counter",
                           "Malformed mountstats sections skipped, counted on every read that saw one.")
 
@@ -68,6 +71,21 @@ _TRANSPORT_FIELDS = (
     (IN_FLIGHT_SUM, "req_u"), (BACKLOG_SUM, "bklog_u"), (SENDING_SUM, "sending_u"),
     (PENDING_SUM, "pending_u"), (MAX_SLOTS, "max_slots"),
 )
+
+
+# sunrpc sysctls holding each transport's slot-table ceiling (rdma: only with xprtrdma loaded).
+_SLOT_SYSCTLS = {"tcp": "tcp_max_slot_table_entries", "udp": "udp_max_slot_table_entries",
+                 "rdma": "rdma_slot_table_entries"}
+
+
+def read_slot_limits(procfs: Path) -> dict[str, int]:
+    limits = {}
+    for protocol, name in _SLOT_SYSCTLS.items():
+        try:
+            limits[protocol] = int((procfs / "sys" / "sunrpc" / name).read_text())
+        except (OSError, ValueError):
+            continue  # module not loaded, or not our business to fail the scrape over
+    return limits
 
 
 def read_mountstats(procfs: Path) -> str:
@@ -84,7 +102,7 @@ class NFSCollector(Collector):
     description = "NFS client RPC time split (slot wait vs network+server), per mount and op."
     metrics = (OPERATIONS, TRANSMISSIONS, MAJOR_TIMEOUTS, ERRORS, SENT_BYTES, RECEIVED_BYTES,
                QUEUE_SECONDS, RTT_SECONDS, EXECUTE_SECONDS,
-               *(spec for spec, _ in _TRANSPORT_FIELDS), MOUNT_INFO, PARSE_ERRORS)
+               *(spec for spec, _ in _TRANSPORT_FIELDS), MOUNT_INFO, SLOT_TABLE_LIMIT, PARSE_ERRORS)
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -120,6 +138,10 @@ class NFSCollector(Collector):
         yield from op_fams.values()
         yield from xprt_fams.values()
         yield info
+        limits = SLOT_TABLE_LIMIT.family()
+        for protocol, limit in read_slot_limits(self.ctx.procfs).items():
+            limits.add((protocol,), limit)
+        yield limits
         errors = PARSE_ERRORS.family()
         errors.add((), self._parse_errors)
         yield errors
