@@ -7,7 +7,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -94,16 +94,22 @@ def main(argv: list[str] | None = None) -> int:
     scraper = Scraper(_enabled(args, _context(args, cfg)), cfg.collector_timeout_seconds)
     renderer = Renderer()
     if args.command == "dump":
-        sys.stdout.write(renderer.render(scraper.collect()).decode())
+        for chunk in renderer.chunks(scraper.collect()):
+            sys.stdout.buffer.write(chunk)
         scraper.close()
         return 0
     # The exporter's own process metrics (memory, CPU, fds), from prometheus_client.
     own = CollectorRegistry(auto_describe=False)
     own.register(ProcessCollector(registry=None))
-    return _serve(args, lambda: renderer.render(scraper.collect()) + generate_latest(own), web)
+
+    def render() -> Iterator[bytes]:
+        yield from renderer.chunks(scraper.collect())
+        yield generate_latest(own)
+
+    return _serve(args, render, web)
 
 
-def _serve(args: argparse.Namespace, render: Callable[[], bytes], web: webconfig.WebConfig) -> int:
+def _serve(args: argparse.Namespace, render: Callable[[], Iterator[bytes]], web: webconfig.WebConfig) -> int:
     from exporter.http import make_handler, make_server
 
     handler = make_handler(render, web, args.telemetry_path)

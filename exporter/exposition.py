@@ -1,16 +1,16 @@
 """Prometheus text exposition (format 0.0.4) of our metric families, fast.
 
 A scrape can hold tens of thousands of samples (32 mounts x 60 ops x 9 metrics),
-and their label sets repeat from scrape to scrape, so each rendered
-`name{labels} ` prefix is cached; values are formatted with str()/repr().
+and their label sets repeat from scrape to scrape, so each rendered label set is
+cached; values are formatted with str()/repr().
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
-from exporter.collector.base import Family, MetricSpec
+from exporter.collector.base import Family
 
 _MAX_CACHED = 200_000  # prefixes; a churn of label values beyond this starts afresh
 
@@ -36,33 +36,37 @@ def format_value(value: float) -> str:
 
 
 class Renderer:
+    """Renders families family by family, so a scrape never holds two copies of its text."""
+
     def __init__(self) -> None:
-        self._prefixes: dict[str, dict[tuple[str, ...], str]] = {}
+        # label names -> label values -> '{name="value",...}'; shared by every family with
+        # those label names (the nine per-op NFS families share one entry per op).
+        self._label_sets: dict[tuple[str, ...], dict[tuple[str, ...], str]] = {}
         self._cached = 0
 
-    def _prefix(self, spec: MetricSpec, values: tuple[str, ...]) -> str:
+    def _labels(self, names: tuple[str, ...], values: tuple[str, ...]) -> str:
         if self._cached >= _MAX_CACHED:
-            self._prefixes.clear()
+            self._label_sets.clear()
             self._cached = 0
-        if spec.labels:
-            pairs = ",".join(f'{k}="{_escape_label(v)}"' for k, v in zip(spec.labels, values, strict=True))
-            prefix = f"{spec.name}{{{pairs}}} "
-        else:
-            prefix = f"{spec.name} "
-        self._prefixes.setdefault(spec.name, {})[values] = prefix
+        pairs = ",".join(f'{k}="{_escape_label(v)}"' for k, v in zip(names, values, strict=True))
+        text = f"{{{pairs}}}" if names else ""
+        self._label_sets.setdefault(names, {})[values] = text
         self._cached += 1
-        return prefix
+        return text
 
-    def render(self, families: Iterable[Family]) -> bytes:
-        out: list[str] = []
-        append = out.append
+    def chunks(self, families: Iterable[Family]) -> Iterator[bytes]:
         for family in families:
             if not family.rows:
                 continue
             spec = family.spec
-            append(f"# HELP {spec.name} {_escape_help(spec.help)}\n# TYPE {spec.name} {spec.kind}\n")
-            cache = self._prefixes.get(spec.name, {})
+            name = spec.name
+            out = [f"# HELP {name} {_escape_help(spec.help)}\n# TYPE {name} {spec.kind}\n"]
+            append = out.append
+            cache = self._label_sets.get(spec.labels, {})
             for values, value in family.rows:
-                prefix = cache.get(values) or self._prefix(spec, values)
-                append(f"{prefix}{value if type(value) is int else format_value(value)}\n")
-        return "".join(out).encode()
+                labels = cache.get(values) or self._labels(spec.labels, values)
+                append(f"{name}{labels} {value if type(value) is int else format_value(value)}\n")
+            yield "".join(out).encode()
+
+    def render(self, families: Iterable[Family]) -> bytes:
+        return b"".join(self.chunks(families))

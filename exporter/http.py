@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import gzip
 import html
 import logging
 import socket
 import ssl
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from exporter import __version__
@@ -55,7 +55,7 @@ class _Server(ThreadingHTTPServer):
         log.debug("connection from %s ended with an error", client_address, exc_info=True)
 
 
-def make_handler(render: Callable[[], bytes], web: WebConfig, telemetry_path: str) -> type:
+def make_handler(render: Callable[[], Iterator[bytes]], web: WebConfig, telemetry_path: str) -> type:
     landing = (
         "<html><head><title>gpunode-exporter</title></head><body>"
         f"<h1>gpunode-exporter {html.escape(__version__)}</h1>"
@@ -82,15 +82,18 @@ def make_handler(render: Callable[[], bytes], web: WebConfig, telemetry_path: st
                 return False
             return web.authorized(user, password)
 
-        def _send(self, code: int, body: bytes, content_type: str, extra: dict[str, str]) -> None:
+        def _send(self, code: int, body: bytes | list[bytes], content_type: str,
+                  extra: dict[str, str]) -> None:
+            parts = body if isinstance(body, list) else [body]
             self.send_response(code)
             for name, value in {**web.headers, **extra}.items():
                 self.send_header(name, value)
             self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(sum(len(p) for p in parts)))
             self.end_headers()
             if self.command != "HEAD":
-                self.wfile.write(body)
+                for part in parts:
+                    self.wfile.write(part)
 
         def do_GET(self) -> None:
             if not self._authorized():
@@ -99,10 +102,14 @@ def make_handler(render: Callable[[], bytes], web: WebConfig, telemetry_path: st
                 return
             path = self.path.split("?", 1)[0]
             if path == telemetry_path:
-                body, extra = render(), {}
+                # Family by family: the whole text is never joined in memory.
                 if "gzip" in self.headers.get("Accept-Encoding", ""):
-                    body, extra = gzip.compress(body, compresslevel=1), {"Content-Encoding": "gzip"}
-                self._send(200, body, CONTENT_TYPE, extra)
+                    gz = zlib.compressobj(1, zlib.DEFLATED, 31)  # wbits 31: gzip framing
+                    parts = [gz.compress(chunk) for chunk in render()]
+                    parts.append(gz.flush())
+                    self._send(200, parts, CONTENT_TYPE, {"Content-Encoding": "gzip"})
+                else:
+                    self._send(200, list(render()), CONTENT_TYPE, {})
             elif path == "/":
                 self._send(200, landing, "text/html; charset=utf-8", {})
             else:

@@ -11,9 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-# The storage network inside the namespace: stor0 has 10.20.0.2/16.
+# The storage network inside the namespace: stor0 has 10.20.0.2/16 and fd20::2/64.
 STORAGE_DEVICE = "stor0"
 STORAGE_ADDRESS = "10.20.0.2/16"
+STORAGE_ADDRESS6 = "fd20::2/64"
 
 
 def netns_unavailable() -> str | None:
@@ -44,6 +45,7 @@ def storage_netns() -> Iterator[str]:
         # A veth pair with both ends inside: sandboxes often lack the dummy driver.
         _ip("-n", name, "link", "add", STORAGE_DEVICE, "type", "veth", "peer", "name", "peer0")
         _ip("-n", name, "addr", "add", STORAGE_ADDRESS, "dev", STORAGE_DEVICE)
+        _ip("-n", name, "addr", "add", STORAGE_ADDRESS6, "dev", STORAGE_DEVICE, "nodad")
         _ip("-n", name, "link", "set", "peer0", "up")
         _ip("-n", name, "link", "set", STORAGE_DEVICE, "up")
         yield name

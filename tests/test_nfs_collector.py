@@ -56,8 +56,15 @@ def test_mount_info_uses_injected_route_lookup(procfs: Path) -> None:
     assert info["/mnt/ckpt dir"]["device"] == "ib0"
     assert info["/mnt/ckpt dir"]["server_address"] == "10.20.0.5"
     assert info["/home"] == {"mountpoint": "/home", "export": "oldnas:/export/home", "protocol": "udp",
-                             "server_address": "oldnas", "device": ""}
-    assert sorted(asked) == ["10.20.0.5", "10.20.0.6", "oldnas"]
+                             "server_address": "192.0.2.10", "device": ""}
+    assert sorted(asked) == ["10.20.0.5", "10.20.0.6", "192.0.2.10"]
+
+
+def test_without_mountinfo_the_address_comes_from_mountstats(procfs: Path) -> None:
+    (procfs / "4242" / "mountinfo").unlink()
+    got = collect_samples(NFSCollector(nfs_context(procfs)))
+    addresses = {dict(k)["mountpoint"]: dict(k)["server_address"] for k in got["gpunode_nfs_mount_info"]}
+    assert addresses == {"/mnt/ckpt dir": "stor-a.example", "/home": "oldnas", "/data": "10.20.0.6"}
 
 
 def test_parse_errors_count_on_every_read(procfs: Path) -> None:

@@ -6,8 +6,8 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from exporter.collector.base import Collector, Family, MetricSpec, register
-from exporter.procfs import mountstats
+from exporter.collector.base import Collector, Context, Family, MetricSpec, register
+from exporter.procfs import mountinfo, mountstats
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +88,23 @@ def read_slot_limits(procfs: Path) -> dict[str, int]:
     return limits
 
 
-def read_mountstats(procfs: Path) -> str:
-    """The NFS client's view from our own mount namespace, else from PID 1's (containers)."""
+def read_mount_files(procfs: Path) -> tuple[str, str]:
+    """mountstats and mountinfo from our own mount namespace, else from PID 1's (containers).
+
+    mountinfo only adds server addresses: without it the scrape goes on.
+    """
+    pid_dir = procfs / "self"
     try:
-        return (procfs / "self" / "mountstats").read_text(errors="replace")
+        stats = (pid_dir / "mountstats").read_text(errors="replace")
     except FileNotFoundError:
-        return (procfs / "1" / "mountstats").read_text(errors="replace")
+        pid_dir = procfs / "1"
+        stats = (pid_dir / "mountstats").read_text(errors="replace")
+    try:
+        info = (pid_dir / "mountinfo").read_text(errors="replace")
+    except OSError as err:
+        log.debug("no mountinfo, server addresses from mountstats only: %s", err)
+        info = ""
+    return stats, info
 
 
 @register
@@ -104,15 +115,20 @@ class NFSCollector(Collector):
                QUEUE_SECONDS, RTT_SECONDS, EXECUTE_SECONDS,
                *(spec for spec, _ in _TRANSPORT_FIELDS), MOUNT_INFO, SLOT_TABLE_LIMIT, PARSE_ERRORS)
 
-    def __init__(self, ctx):
+    def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self._parse_errors = 0
+        self._reported: set[tuple[str, str]] = set()  # log each problem once, count it always
 
     def collect(self) -> Iterator[Family]:
-        stats = mountstats.parse(read_mountstats(self.ctx.procfs))
+        stats_text, info_text = read_mount_files(self.ctx.procfs)
+        stats = mountstats.parse(stats_text)
+        addresses = mountinfo.nfs_server_addresses(info_text)
         for problem in stats.problems:
-            log.warning("mountstats: skipped section %r at line %d: %s",
-                        problem.mountpoint, problem.line, problem.reason)
+            if (problem.mountpoint, problem.reason) not in self._reported and len(self._reported) < 1000:
+                self._reported.add((problem.mountpoint, problem.reason))
+                log.warning("mountstats: skipped section %r at line %d: %s",
+                            problem.mountpoint, problem.line, problem.reason)
         self._parse_errors += len(stats.problems)
 
         op_fams = {spec: spec.family() for spec in self.metrics if spec.labels == _OP}
@@ -131,7 +147,7 @@ class NFSCollector(Collector):
                     if field in xprt.values:
                         xprt_fams[spec].add(labels, xprt.values[field])
             protocol = mount.transports[0].protocol if mount.transports else mount.options.get("proto", "")
-            address = mount.server_address
+            address = addresses.get((mount.device, mount.mountpoint)) or mount.server_address
             device = self.ctx.route_lookup(address) if address else None
             info.add((*key, protocol, address, device or ""), 1)
 

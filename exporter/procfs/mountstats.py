@@ -81,10 +81,12 @@ class NFSMount:
 
     @property
     def server_address(self) -> str:
-        """The server's IP as the kernel resolved it, else the host part of the device."""
-        for key in ("addr", "mountaddr"):
-            if self.options.get(key):
-                return self.options[key]
+        """The server as far as mountstats tells: NFSv3's mountaddr=, else the device's host.
+
+        The resolved address of every version is in mountinfo (procfs.mountinfo).
+        """
+        if self.options.get("mountaddr"):
+            return self.options["mountaddr"]
         host = self.device.rsplit(":", 1)[0] if ":" in self.device else ""
         return host.strip("[]")
 
