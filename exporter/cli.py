@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="PATH", help="path under which to expose metrics (default: /metrics)")
     serve.add_argument("--web.config.file", dest="web_config", type=Path, metavar="FILE",
                        help="exporter-toolkit web config: TLS and basic auth")
+    serve.add_argument("--web.max-requests", dest="max_requests", type=int, default=40, metavar="N",
+                       help="concurrent scrapes served at most; more get 503, 0 means no limit (default: 40)")
     dump = sub.add_parser("dump", help="collect once, print the exposition to stdout, exit",
                           description="Collect once, print the exposition to stdout, exit.")
     _common_flags(dump)
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args: argparse.Namespace, render: Callable[[], Iterator[bytes]], web: webconfig.WebConfig) -> int:
     from exporter.http import make_handler, make_server
 
-    handler = make_handler(render, web, args.telemetry_path)
+    handler = make_handler(render, web, args.telemetry_path, args.max_requests)
     try:
         server = make_server(args.listen, handler, web)
     except ValueError as err:

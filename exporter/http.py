@@ -8,6 +8,7 @@ import html
 import logging
 import socket
 import ssl
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -55,7 +56,10 @@ class _Server(ThreadingHTTPServer):
         log.debug("connection from %s ended with an error", client_address, exc_info=True)
 
 
-def make_handler(render: Callable[[], Iterator[bytes]], web: WebConfig, telemetry_path: str) -> type:
+def make_handler(render: Callable[[], Iterator[bytes]], web: WebConfig, telemetry_path: str,
+                 max_requests: int = 40) -> type:
+    # node_exporter's --web.max-requests: scrapes beyond this many at once get 503.
+    slots = threading.BoundedSemaphore(max_requests) if max_requests > 0 else None
     landing = (
         "<html><head><title>gpunode-exporter</title></head><body>"
         f"<h1>gpunode-exporter {html.escape(__version__)}</h1>"
@@ -65,6 +69,7 @@ def make_handler(render: Callable[[], Iterator[bytes]], web: WebConfig, telemetr
     class Handler(BaseHTTPRequestHandler):
         server_version = f"gpunode-exporter/{__version__}"
         protocol_version = "HTTP/1.1"
+        timeout = 60  # seconds an idle keep-alive connection may hold its thread
 
         def log_message(self, format: str, *args: object) -> None:
             log.debug("%s %s", self.address_string(), format % args)
@@ -102,18 +107,28 @@ def make_handler(render: Callable[[], Iterator[bytes]], web: WebConfig, telemetr
                 return
             path = self.path.split("?", 1)[0]
             if path == telemetry_path:
-                # Family by family: the whole text is never joined in memory.
-                if "gzip" in self.headers.get("Accept-Encoding", ""):
-                    gz = zlib.compressobj(1, zlib.DEFLATED, 31)  # wbits 31: gzip framing
-                    parts = [gz.compress(chunk) for chunk in render()]
-                    parts.append(gz.flush())
-                    self._send(200, parts, CONTENT_TYPE, {"Content-Encoding": "gzip"})
-                else:
-                    self._send(200, list(render()), CONTENT_TYPE, {})
+                if slots is not None and not slots.acquire(blocking=False):
+                    self._send(503, b"Too many concurrent scrapes\n", "text/plain; charset=utf-8", {})
+                    return
+                try:
+                    self._metrics()
+                finally:
+                    if slots is not None:
+                        slots.release()
             elif path == "/":
                 self._send(200, landing, "text/html; charset=utf-8", {})
             else:
                 self._send(404, b"Not Found\n", "text/plain; charset=utf-8", {})
+
+        def _metrics(self) -> None:
+            # Family by family: the whole text is never joined in memory.
+            if "gzip" in self.headers.get("Accept-Encoding", ""):
+                gz = zlib.compressobj(1, zlib.DEFLATED, 31)  # wbits 31: gzip framing
+                parts = [gz.compress(chunk) for chunk in render()]
+                parts.append(gz.flush())
+                self._send(200, parts, CONTENT_TYPE, {"Content-Encoding": "gzip"})
+            else:
+                self._send(200, list(render()), CONTENT_TYPE, {})
 
         do_HEAD = do_GET  # noqa: N815
 

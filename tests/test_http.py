@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,8 @@ import bcrypt
 import pytest
 import requests
 
+from exporter.http import make_handler, make_server
+from exporter.webconfig import WebConfig
 from tests import tlscerts
 
 ROOT = Path(__file__).parent.parent
@@ -173,3 +176,31 @@ def test_port_in_use_is_reported() -> None:
         out = subprocess.run([sys.executable, "-m", "exporter", "--web.listen-address", f"127.0.0.1:{port}"],
                              capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert out.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in out.stderr
+
+
+def test_scrapes_beyond_max_requests_get_503() -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_render():
+        entered.set()
+        release.wait(10)
+        yield b"up 1\n"
+
+    web = WebConfig()
+    server = make_server(f"127.0.0.1:{free_port()}", make_handler(slow_render, web, "/metrics", 1), web)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    first: list[requests.Response] = []
+    try:
+        waiter = threading.Thread(target=lambda: first.append(requests.get(url, timeout=10)))
+        waiter.start()
+        assert entered.wait(5)
+        assert requests.get(url, timeout=10).status_code == 503
+        release.set()
+        waiter.join(10)
+        assert first[0].status_code == 200 and first[0].text == "up 1\n"
+        assert requests.get(url, timeout=10).status_code == 200  # the slot was given back
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
