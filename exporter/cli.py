@@ -15,8 +15,9 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
 from exporter import __version__, config, webconfig
-from exporter.collector import COLLECTORS, Context
+from exporter.collector import COLLECTORS, Collector, Context
 from exporter.exposition import Renderer
+from exporter.http import make_handler, make_server, parse_listen_address
 from exporter.netroute import CachedLookup, route_device
 from exporter.scrape import Scraper
 
@@ -29,6 +30,14 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"{PROG}: error: {message}\n")
         sys.exit(2)
+
+
+def _listen_address(value: str) -> str:
+    try:
+        parse_listen_address(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return value
 
 
 def _common_flags(p: argparse.ArgumentParser) -> None:
@@ -56,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Serve metrics over HTTP. Also: `dump` collects once "
                            "and prints the exposition.")
     _common_flags(serve)
-    serve.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN,
+    serve.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN, type=_listen_address,
                        metavar="[HOST]:PORT", help=f"address to listen on (default: {DEFAULT_LISTEN})")
     serve.add_argument("--web.telemetry-path", dest="telemetry_path", default="/metrics",
                        metavar="PATH", help="path under which to expose metrics (default: /metrics)")
@@ -70,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _enabled(args: argparse.Namespace, ctx: Context) -> list:
+def _enabled(args: argparse.Namespace, ctx: Context) -> list[Collector]:
     return [cls(ctx) for name, cls in sorted(COLLECTORS.items()) if getattr(args, f"collector_{name}")]
 
 
@@ -112,19 +121,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace, render: Callable[[], Iterator[bytes]], web: webconfig.WebConfig) -> int:
-    from exporter.http import make_handler, make_server
-
     handler = make_handler(render, web, args.telemetry_path, args.max_requests)
     try:
         server = make_server(args.listen, handler, web)
-    except ValueError as err:
-        _Parser(prog=PROG).error(str(err))
     except OSError as err:
         sys.stderr.write(f"{PROG}: error: cannot listen on {args.listen}: {err.strerror}\n")
         return 1
     log = logging.getLogger(PROG)
     log.info("listening on %s%s (%s)", args.listen, args.telemetry_path,
              "TLS" if web.ssl_context else "plain HTTP")
+
     def _shutdown(signum: int, _frame: object) -> None:
         log.info("received signal %d, shutting down", signum)
         threading.Thread(target=server.shutdown, daemon=True).start()

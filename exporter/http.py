@@ -26,11 +26,11 @@ def parse_listen_address(value: str) -> tuple[str, int]:
     """node_exporter style: ':9100', '0.0.0.0:9100', '[::1]:9100', 'localhost:9100'."""
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--web.listen-address {value!r}: want [host]:port")
+        raise ValueError(f"{value!r}: want [host]:port")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     elif ":" in host:
-        raise ValueError(f"--web.listen-address {value!r}: put an IPv6 host in brackets")
+        raise ValueError(f"{value!r}: put an IPv6 host in brackets")
     return host, int(port)
 
 

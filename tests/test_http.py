@@ -204,3 +204,24 @@ def test_scrapes_beyond_max_requests_get_503() -> None:
         release.set()
         server.shutdown()
         server.server_close()
+
+
+def test_empty_host_listens_on_ipv4_and_ipv6(server_factory) -> None:
+    port = free_port()
+    server = Server.__new__(Server)  # start with ':PORT' instead of the factory's 127.0.0.1
+    server.port = port
+    server.proc = subprocess.Popen([sys.executable, "-m", "exporter", "--web.listen-address", f":{port}",
+                                    "--path.procfs", str(EDGE)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        assert "gpunode_" in requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        if socket.has_ipv6 and socket.has_dualstack_ipv6():
+            assert "gpunode_" in requests.get(f"http://[::1]:{port}/metrics", timeout=10).text
+    finally:
+        assert server.stop() == 0

@@ -144,3 +144,22 @@ def test_unknown_lines_and_ops_are_kept_quietly() -> None:
 
 def test_empty_input() -> None:
     assert mountstats.parse("") == mountstats.MountStats([], [])
+
+
+def test_any_truncation_of_real_output_parses_without_raising() -> None:
+    """Input cut at any byte (a broken fixture, a copy cut short): never an exception,
+    never a mount invented. The kernel itself emits whole mount sections (seq_file
+    records), so a vanishing mount drops out whole; this is the harsher case."""
+    text = (REAL / "pcp-rhel8-4.18.0-105-nfs3-nfs40-41-42-tcp-9col.txt").read_text()
+    whole = {m.mountpoint: m for m in mountstats.parse(text).mounts}
+    start = text.index("device rhel8")
+    for cut in range(start, len(text), 7):
+        stats = mountstats.parse(text[:cut])
+        for mount in stats.mounts:
+            assert mount.mountpoint in whole
+            full = whole[mount.mountpoint]
+            # a kept mount is complete, or cut between lines: its ops are a prefix of the whole
+            assert [o.name for o in mount.operations] == [o.name for o in full.operations][: len(mount.operations)]
+            # all but the last, which a cut inside its final number may shorten
+            kept = full.operations[: max(0, len(mount.operations) - 1)]
+            assert mount.operations[: len(kept)] == kept
