@@ -28,8 +28,8 @@ TRANSPORT_FIELDS: dict[str, tuple[str, ...]] = {
     "rdma": ("port", "bind_count", "connect_count", "connect_time", "idle_time",
              "sends", "recvs", "bad_xids", "req_u", "bklog_u"),
 }
-# Fields every kernel prints; a shorter line is malformed.
-_REQUIRED_UNTIL = {"tcp": "bklog_u", "udp": "bklog_u", "local": "bklog_u", "rdma": "bklog_u"}
+# Every kernel prints each transport's fields up to bklog_u; a shorter line is malformed.
+_LAST_REQUIRED = "bklog_u"
 
 _DEVICE_RE = re.compile(
     r"^device (?P<device>\S+) mounted on (?P<mountpoint>\S+) with fstype (?P<fstype>\S+)"
@@ -71,7 +71,6 @@ class NFSMount:
     fstype: str
     statvers: str
     options: dict[str, str] = field(default_factory=dict)
-    age_seconds: int | None = None
     transports: list[Transport] = field(default_factory=list)
     operations: list[Operation] = field(default_factory=list)
 
@@ -137,7 +136,7 @@ def parse_transport(rest: str) -> Transport:
     if names is None:
         raise MountStatsError(f"unknown transport {protocol!r}")
     nums = _ints(parts[1:], f"xprt {protocol}")
-    required = names.index(_REQUIRED_UNTIL[protocol]) + 1
+    required = names.index(_LAST_REQUIRED) + 1
     if len(nums) < required:
         raise MountStatsError(f"xprt {protocol}: {len(nums)} numbers, want at least {required}")
     return Transport(protocol, dict(zip(names, nums, strict=False)))
@@ -163,13 +162,11 @@ def _parse_nfs_body(mount: NFSMount, lines: list[str]) -> None:
         tag, _, rest = stripped.partition(":")
         if tag == "opts":
             mount.options = _parse_options(rest)
-        elif tag == "age":
-            mount.age_seconds = _ints(rest.split()[:1], "age")[0] if rest.split() else None
         elif tag == "xprt":
             mount.transports.append(parse_transport(rest))
         elif stripped == "per-op statistics":
             in_ops = True
-        # events, bytes, caps, sec, nfsv4, fsc, impl_id, RPC iostats: not used here.
+        # age, events, bytes, caps, sec, nfsv4, fsc, impl_id, RPC iostats: not used here.
 
 
 def parse(text: str) -> MountStats:
