@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, TypeVar, get_type_hints
 
 import yaml
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -54,9 +57,8 @@ def _build(cls: type, data: Any, where: str) -> Any:
     return cls(**values)
 
 
-def load(path: Path | None) -> Config:
-    if path is None:
-        return Config()
+def load_yaml(path: Path, build: Callable[[Any], T]) -> T:
+    """Read a YAML file and build from it; every error names the file, on one line."""
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as err:
@@ -64,6 +66,12 @@ def load(path: Path | None) -> Config:
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: invalid YAML: {str(err).splitlines()[0]}") from None
     try:
-        return _build(Config, data or {}, "")
+        return build(data or {})
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
+
+
+def load(path: Path | None) -> Config:
+    if path is None:
+        return Config()
+    return load_yaml(path, lambda data: _build(Config, data, ""))

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 
 from exporter.collector.base import Family
 
-_MAX_CACHED = 200_000  # prefixes; a churn of label values beyond this starts afresh
+_MAX_CACHED = 200_000  # label sets; a churn of label values beyond this starts afresh
 
 
 def _escape_label(value: str) -> str:

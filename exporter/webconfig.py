@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import bcrypt
-import yaml
 
-from exporter.config import ConfigError
+from exporter.config import ConfigError, load_yaml
 
 _TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
@@ -114,16 +113,7 @@ def _ssl_context(tls: dict, base: Path) -> ssl.SSLContext:
 def load(path: Path | None) -> WebConfig:
     if path is None:
         return WebConfig()
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as err:
-        raise ConfigError(f"cannot read {path}: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: invalid YAML: {str(err).splitlines()[0]}") from None
-    try:
-        return _parse(data, path.parent)
-    except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
+    return load_yaml(path, lambda data: _parse(data, path.parent))
 
 
 def _parse(data: object, base: Path) -> WebConfig:
