@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -34,3 +36,23 @@ def render(families: Iterable[Family]) -> str:
 def collect_samples(collector: Collector) -> Series:
     """One collect() call, rendered and parsed back as Prometheus would."""
     return parse_exposition(render(collector.collect()))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, alive: Callable[[], bool] = lambda: True, seconds: float = 20) -> None:
+    """Until something accepts on 127.0.0.1:port; fails early if `alive()` turns false."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not alive():
+            raise AssertionError("the server exited before it listened")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"nothing listens on port {port} after {seconds}s")

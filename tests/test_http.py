@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,35 +18,21 @@ import requests
 from exporter.http import make_handler, make_server
 from exporter.webconfig import WebConfig
 from tests import tlscerts
+from tests.helpers import free_port, wait_for_port
 
 ROOT = Path(__file__).parent.parent
 EDGE = ROOT / "tests" / "fixtures" / "procfs" / "edge"
 PASSWORD = "s3cret"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
-    def __init__(self, *flags: str) -> None:
+    def __init__(self, *flags: str, host: str = "127.0.0.1") -> None:
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "--web.listen-address", f"127.0.0.1:{self.port}",
+            [sys.executable, "-m", "exporter", "--web.listen-address", f"{host}:{self.port}",
              "--path.procfs", str(EDGE), *flags],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited: {self.proc.stderr.read()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError("server did not start")
+        wait_for_port(self.port, alive=lambda: self.proc.poll() is None)
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
@@ -58,8 +43,8 @@ class Server:
 def server_factory() -> Iterator:
     servers: list[Server] = []
 
-    def start(*flags: str) -> Server:
-        servers.append(Server(*flags))
+    def start(*flags: str, host: str = "127.0.0.1") -> Server:
+        servers.append(Server(*flags, host=host))
         return servers[-1]
 
     yield start
@@ -207,21 +192,8 @@ def test_scrapes_beyond_max_requests_get_503() -> None:
 
 
 def test_empty_host_listens_on_ipv4_and_ipv6(server_factory) -> None:
-    port = free_port()
-    server = Server.__new__(Server)  # start with ':PORT' instead of the factory's 127.0.0.1
-    server.port = port
-    server.proc = subprocess.Popen([sys.executable, "-m", "exporter", "--web.listen-address", f":{port}",
-                                    "--path.procfs", str(EDGE)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        assert "gpunode_" in requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-        if socket.has_ipv6 and socket.has_dualstack_ipv6():
-            assert "gpunode_" in requests.get(f"http://[::1]:{port}/metrics", timeout=10).text
-    finally:
-        assert server.stop() == 0
+    server = server_factory(host="")
+    assert "gpunode_" in requests.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10).text
+    if socket.has_ipv6 and socket.has_dualstack_ipv6():
+        assert "gpunode_" in requests.get(f"http://[::1]:{server.port}/metrics", timeout=10).text
+    assert server.stop() == 0

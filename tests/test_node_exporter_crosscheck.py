@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +18,7 @@ import pytest
 
 from exporter.collector.nfs import NFSCollector
 from exporter.procfs import mountstats
-from tests.helpers import collect_samples, nfs_context, parse_exposition
+from tests.helpers import collect_samples, free_port, nfs_context, parse_exposition, wait_for_port
 
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
 SAMPLES = sorted((Path(__file__).parent / "fixtures" / "mountstats-real").glob("*.txt"))
@@ -54,31 +52,18 @@ def write_procfs(root: Path, mountstats: str) -> None:
     (pid / "mountinfo").write_text("\n".join(lines) + "\n")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def node_exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
     root = tmp_path_factory.mktemp("procfs")
     write_procfs(root, "")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [NODE_EXPORTER, "--collector.disable-defaults", "--collector.mountstats",
          f"--path.procfs={root}", f"--web.listen-address=127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(url, timeout=1).read()
-                break
-            except OSError:
-                time.sleep(0.05)
-        else:
-            pytest.fail("node_exporter did not start")
+        wait_for_port(port, alive=lambda: proc.poll() is None)
         yield root, url
     finally:
         proc.terminate()
