@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
-from exporter import __version__, config, webconfig
+from exporter import __version__, config, nvmlsim, webconfig
 from exporter.collector import COLLECTORS, Collector, Context
 from exporter.exposition import Renderer
 from exporter.http import make_handler, make_server, parse_listen_address
@@ -48,6 +48,9 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
                    metavar="DIR", help="sysfs mountpoint (default: /sys)")
     p.add_argument("--config.file", dest="config_file", type=Path, metavar="FILE",
                    help="optional YAML configuration (see README)")
+    p.add_argument("--nvml.simulate", dest="nvml_simulate", type=Path, metavar="FILE",
+                   help="use a simulated NVML driven by this scenario file instead of the driver "
+                   "(tests and demos; every scrape then carries gpunode_nvml_simulated 1)")
     p.add_argument("--log.level", dest="log_level", default="info",
                    choices=("debug", "info", "warn", "error"), help="log level (default: info)")
     for name, cls in sorted(COLLECTORS.items()):
@@ -100,9 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config.load(args.config_file)
         web = webconfig.load(args.web_config) if args.command == "serve" else None
+        scenario = nvmlsim.load(args.nvml_simulate) if args.nvml_simulate else None
     except config.ConfigError as err:
         parser.error(str(err))
-    scraper = Scraper(_enabled(args, _context(args, cfg)), cfg.collector_timeout_seconds)
+    if scenario is not None:
+        nvmlsim.install(scenario)
+        logging.getLogger(PROG).warning("NVML is SIMULATED from %s: GPU metrics are not real", args.nvml_simulate)
+    scraper = Scraper(_enabled(args, _context(args, cfg)), cfg.collector_timeout_seconds,
+                      simulated=scenario is not None)
     renderer = Renderer()
     if args.command == "dump":
         for chunk in renderer.chunks(scraper.collect()):

@@ -24,9 +24,16 @@ class NFSConfig:
 
 
 @dataclass(frozen=True)
+class GPUConfig:
+    # GPUs this node should have; exported as gpunode_gpus_expected (absent when unset).
+    expected_count: int | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     # A collector still running after this many seconds is reported failed for the scrape.
     collector_timeout_seconds: float = 5.0
+    gpu: GPUConfig = field(default_factory=GPUConfig)
     nfs: NFSConfig = field(default_factory=NFSConfig)
 
 
@@ -47,6 +54,10 @@ def _build(cls: type, data: Any, where: str) -> Any:
         elif want is bool:
             if not isinstance(value, bool):
                 raise ConfigError(f"key '{path}': want true or false, got {value!r}")
+            values[name] = value
+        elif want in (int, int | None):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"key '{path}': want a whole number >= 0, got {value!r}")
             values[name] = value
         elif want is float:
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:

@@ -1,9 +1,11 @@
 """Runs the enabled collectors for one scrape, each within a time budget.
 
 A collector that raises, lacks permission or overruns its budget is reported as
-failed (gpunode_scrape_collector_success 0); the others are still served. A
-collection already in flight is joined, not repeated, so a hung collector holds
-one thread at most and overlapping scrapes don't pile work up.
+failed (gpunode_scrape_collector_success 0); the others are still served, and so
+are the families it yielded before it failed. A failure is logged when it starts
+or changes, not on every scrape. A collection already in flight is joined, not
+repeated, so a hung collector holds one thread at most and overlapping scrapes
+don't pile work up.
 """
 
 from __future__ import annotations
@@ -29,23 +31,32 @@ DURATION = MetricSpec("gpunode_scrape_collector_duration_seconds", "gauge",
 BUILD_INFO = MetricSpec("gpunode_exporter_build_info", "gauge",
                         "The exporter's version and the Python it runs on.",
                         ("version", "python_version"))
-EXPORTER_METRICS = (SUCCESS, DURATION, BUILD_INFO)
+SIMULATED = MetricSpec("gpunode_nvml_simulated", "gauge",
+                       "1: GPU data comes from a simulated NVML (--nvml.simulate), not the driver.")
+EXPORTER_METRICS = (SUCCESS, DURATION, BUILD_INFO, SIMULATED)
 
-_Result = tuple[list[Family], float]
+_Result = tuple[list[Family], float, Exception | None]
 
 
 def _run(collector: Collector) -> _Result:
     start = time.perf_counter()
-    families = list(collector.collect())
-    return families, time.perf_counter() - start
+    families: list[Family] = []
+    try:
+        for family in collector.collect():
+            families.append(family)
+    except Exception as err:  # reported by the scrape, with what was yielded so far
+        return families, time.perf_counter() - start, err
+    return families, time.perf_counter() - start, None
 
 
 class Scraper:
     """Collects one scrape's families from our collectors."""
 
-    def __init__(self, collectors: Sequence[Collector], timeout: float) -> None:
+    def __init__(self, collectors: Sequence[Collector], timeout: float, simulated: bool = False) -> None:
         self.collectors = list(collectors)
         self.timeout = timeout
+        self.simulated = simulated
+        self._failing: dict[str, str] = {}  # collector -> the failure last logged
         self._pool = ThreadPoolExecutor(max_workers=max(2, 2 * len(self.collectors)),
                                         thread_name_prefix="collector")
         self._lock = threading.Lock()
@@ -66,23 +77,36 @@ class Scraper:
         success, duration = SUCCESS.family(), DURATION.family()
         for collector, future in futures:
             try:
-                families, took = future.result(timeout=max(0.0, deadline - time.perf_counter()))
+                families, took, error = future.result(timeout=max(0.0, deadline - time.perf_counter()))
+                failure = f"failed: {type(error).__name__}: {error}" if error else None
             except FutureTimeout:
-                log.error("collector %s: still running after %.1fs", collector.name, self.timeout)
-                families, took, ok = [], time.perf_counter() - started, 0
-            except Exception as err:
-                log.error("collector %s failed: %s: %s", collector.name, type(err).__name__, err)
-                families, took, ok = [], time.perf_counter() - started, 0
-            else:
-                ok = 1
+                families, took = [], time.perf_counter() - started
+                failure = f"still running after {self.timeout:g}s"
+            self._report(collector.name, failure)
             yield from families
-            success.add((collector.name,), ok)
+            success.add((collector.name,), 0 if failure else 1)
             duration.add((collector.name,), took)
         yield success
         yield duration
         info = BUILD_INFO.family()
         info.add((__version__, platform.python_version()), 1)
         yield info
+        if self.simulated:
+            simulated = SIMULATED.family()
+            simulated.add((), 1)
+            yield simulated
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    def _report(self, name: str, failure: str | None) -> None:
+        """Log a failure when it starts or changes, and the recovery; not every scrape."""
+        with self._lock:  # concurrent scrapes
+            last = self._failing.get(name)
+            if failure is None:
+                if last is not None:
+                    log.info("collector %s: working again", name)
+                    del self._failing[name]
+            elif failure != last:
+                log.error("collector %s %s", name, failure)
+                self._failing[name] = failure
+
+    def close(self, wait: bool = False) -> None:
+        self._pool.shutdown(wait=wait, cancel_futures=True)

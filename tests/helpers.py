@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter import nvmlsim
 from exporter.collector.base import Collector, Context, Family
 from exporter.config import Config
 from exporter.exposition import Renderer
+from exporter.nvmlsim.library import FUNCTIONS, SimulatedNVML
+from exporter.nvmlsim.scenario import build
 
 Series = dict[str, dict[tuple, float]]
 
@@ -56,3 +61,24 @@ def wait_for_port(port: int, alive: Callable[[], bool] = lambda: True, seconds: 
         except OSError:
             time.sleep(0.05)
     raise AssertionError(f"nothing listens on port {port} after {seconds}s")
+
+
+class SimClock:
+    """Simulated seconds since start, set by the test."""
+
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@contextlib.contextmanager
+def simulated_nvml(scenario: dict[str, Any] | Path, clock: Callable[[], float] | None = None,
+                   ) -> Iterator[SimulatedNVML]:
+    """pynvml talks to a simulated driver inside the block (scenario as data or a file)."""
+    node = nvmlsim.load(scenario) if isinstance(scenario, Path) else build(scenario, FUNCTIONS)
+    try:
+        yield nvmlsim.install(node, clock)
+    finally:
+        nvmlsim.uninstall()

@@ -51,6 +51,10 @@ def test_failed_collector_still_gives_exit_0_and_a_metric(tmp_path: Path) -> Non
     ([], "collector_timeout_seconds: soon\n", "key 'collector_timeout_seconds': want a positive number"),
     ([], "nfs: [1, 2]\n", "nfs: want a mapping"),
     ([], "a: [unclosed\n", "invalid YAML"),
+    ([], "gpu:\n  expected_count: eight\n", "key 'gpu.expected_count': want a whole number"),
+    (["--nvml.simulate", "/nonexistent/s.yml"], None, "cannot read /nonexistent/s.yml"),
+    (["--nvml.simulate", "tests/fixtures/nvml/expect-8-gpus.yaml"], None,
+     "expect-8-gpus.yaml: scenario: missing key 'gpus'"),
 ])
 def test_bad_flags_and_config_exit_2_with_one_line(tmp_path: Path, args: list[str], config: str | None,
                                                    message: str) -> None:
@@ -74,3 +78,17 @@ def test_valid_config_is_used(tmp_path: Path) -> None:
     assert out.returncode == 0
     info = [line for line in out.stdout.splitlines() if line.startswith("gpunode_nfs_mount_info{")]
     assert info and all('device=""' in line for line in info)
+
+
+HEALTHY = "exporter/nvmlsim/scenarios/healthy-h100.yaml"
+
+
+def test_simulated_scrapes_say_so() -> None:
+    out = run("dump", "--no-collector.nfs", "--nvml.simulate", HEALTHY)
+    assert out.returncode == 0
+    assert "gpunode_nvml_simulated 1\n" in out.stdout
+    assert 'gpunode_scrape_collector_success{collector="gpu"} 1\n' in out.stdout
+    assert out.stdout.count("gpunode_gpu_up{") == 8
+    assert "NVML is SIMULATED" in out.stderr
+    real = run("dump", "--no-collector.nfs")
+    assert "gpunode_nvml_simulated" not in real.stdout

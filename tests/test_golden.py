@@ -1,4 +1,4 @@
-"""End to end: `gpunode-exporter dump` on fixture procfs trees equals the checked-in output.
+"""End to end: `gpunode-exporter dump` on fixture trees (and simulated GPUs) equals the checked-in output.
 
 Regenerate after an intended change with:  GOLDEN_UPDATE=1 python -m pytest tests/test_golden.py
 Review the diff of tests/golden/ before committing it.
@@ -18,15 +18,24 @@ import pytest
 from tests.netns import storage_netns
 
 HERE = Path(__file__).parent
-SCENARIOS = ("real", "edge")
+FIXTURES = HERE / "fixtures"
+_GPU = ("--no-collector.nfs", "--config.file", str(FIXTURES / "nvml" / "expect-8-gpus.yaml"))
+# Golden file name -> dump flags.
+SCENARIOS = {
+    "real": ("--no-collector.gpu", "--path.procfs", str(FIXTURES / "procfs" / "real")),
+    "edge": ("--no-collector.gpu", "--path.procfs", str(FIXTURES / "procfs" / "edge")),
+    "gpu-healthy": (*_GPU, "--path.sysfs", str(FIXTURES / "sysfs" / "dgx-h100"),
+                    "--nvml.simulate", "exporter/nvmlsim/scenarios/healthy-h100.yaml"),
+    "gpu-faults": (*_GPU, "--path.sysfs", str(FIXTURES / "sysfs" / "edge"),
+                   "--nvml.simulate", str(FIXTURES / "nvml" / "faults.yaml")),
+}
 # Lines that differ from run to run or release to release.
 _DURATION = re.compile(r"^gpunode_scrape_collector_duration_seconds\{.*$\n", re.M)
 _BUILD = re.compile(r'^(gpunode_exporter_build_info)\{.*\} ', re.M)
 
 
-def dump(netns: str, procfs: Path) -> str:
-    cmd = ["ip", "netns", "exec", netns, sys.executable, "-m", "exporter", "dump",
-           "--path.procfs", str(procfs)]
+def dump(netns: str, scenario: str) -> str:
+    cmd = ["ip", "netns", "exec", netns, sys.executable, "-m", "exporter", "dump", *SCENARIOS[scenario]]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=HERE.parent)
     return out.stdout
 
@@ -38,7 +47,7 @@ def normalize(exposition: str) -> str:
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_dump_matches_golden(scenario: str) -> None:
     with storage_netns() as ns:
-        got = normalize(dump(ns, HERE / "fixtures" / "procfs" / scenario))
+        got = normalize(dump(ns, scenario))
     golden = HERE / "golden" / f"{scenario}.prom"
     if os.environ.get("GOLDEN_UPDATE"):
         golden.write_text(got)
@@ -51,7 +60,7 @@ def test_dump_passes_promtool(scenario: str) -> None:
     if promtool is None:
         pytest.skip("promtool not installed (scripts/install-deps.sh installs it)")
     with storage_netns() as ns:
-        exposition = dump(ns, HERE / "fixtures" / "procfs" / scenario)
+        exposition = dump(ns, scenario)
     check = subprocess.run([promtool, "check", "metrics"], input=exposition,
                            capture_output=True, text=True)
     assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), (

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
+
+from exporter.nvml import Session
 
 if TYPE_CHECKING:
     from exporter.config import Config
@@ -47,6 +49,7 @@ class Context:
     sysfs: Path
     config: Config
     route_lookup: Callable[[str], str | None]
+    nvml: Session = field(default_factory=Session)  # shared by the collectors that use NVML
 
 
 class Collector(abc.ABC):
@@ -60,7 +63,11 @@ class Collector(abc.ABC):
 
     @abc.abstractmethod
     def collect(self) -> Iterable[Family]:
-        """Yield this scrape's metric families; raise to report the collector as failed."""
+        """Yield this scrape's metric families; raise to report the collector as failed.
+
+        Families yielded before the exception are still served: a collector can report
+        what it could read (say, GPUs on the PCI bus) when its main source (NVML) fails.
+        """
 
 
 COLLECTORS: dict[str, type[Collector]] = {}

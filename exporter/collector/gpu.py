@@ -1,0 +1,136 @@
+"""GPU health: row remapping, presence (NVML and the PCI bus), PCIe link. From NVML and sysfs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pynvml
+
+from exporter.collector.base import Collector, Context, Family, MetricSpec, register
+from exporter.nvml import Device, GPULostError
+from exporter.sysfs import pci
+
+log = logging.getLogger(__name__)
+
+_GPU = ("gpu", "uuid")
+
+INFO = MetricSpec("gpunode_gpu_info", "gauge", "A GPU as NVML names it; always 1.",
+                  (*_GPU, "pci_bus_id", "name", "serial", "driver_version"))
+UP = MetricSpec("gpunode_gpu_up", "gauge",
+                "0 when NVML reports the GPU lost or its PCI config space reads all-ones (rev ff), else 1.",
+                _GPU)
+VISIBLE = MetricSpec("gpunode_gpus_visible", "gauge",
+                     "GPUs the NVIDIA driver enumerates (nvml) and NVIDIA display/3D controllers on the "
+                     "PCI bus (pci).", ("source",))
+EXPECTED = MetricSpec("gpunode_gpus_expected", "gauge",
+                      "GPUs this node should have (gpu.expected_count in --config.file).")
+REMAPPED_ROWS = MetricSpec("gpunode_gpu_remapped_rows_total", "counter",
+                           "Memory rows remapped to spare rows over the GPU's life, by the error that "
+                           "caused it.", (*_GPU, "cause"))
+REMAP_PENDING = MetricSpec("gpunode_gpu_row_remap_pending", "gauge",
+                           "1 when a row remap waits for a GPU reset to take effect.", _GPU)
+REMAP_FAILURE = MetricSpec("gpunode_gpu_row_remap_failure", "gauge",
+                           "1 when a row remap has ever failed: NVIDIA's criterion to replace the GPU.",
+                           _GPU)
+REMAP_BANKS = MetricSpec("gpunode_gpu_remap_banks", "gauge",
+                         "Memory banks by how many of their spare rows remain (max = all, none = no "
+                         "spare left).", (*_GPU, "availability"))
+LINK_GENERATION = MetricSpec("gpunode_gpu_pcie_link_generation", "gauge",
+                             "PCIe link generation, current and the most the GPU and slot allow. An idle "
+                             "GPU may train its link down to save power.", (*_GPU, "kind"))
+LINK_WIDTH = MetricSpec("gpunode_gpu_pcie_link_width", "gauge",
+                        "PCIe link width in lanes, current and the most the GPU and slot allow.",
+                        (*_GPU, "kind"))
+NVML_ERRORS = MetricSpec("gpunode_nvml_errors_total", "counter",
+                         "Per-GPU NVML calls that failed with an error other than NOT_SUPPORTED or "
+                         "GPU_IS_LOST.", (*_GPU, "function", "error"))
+
+_AVAILABILITY = ("max", "high", "partial", "low", "none")
+
+
+@register
+class GPUCollector(Collector):
+    name = "gpu"
+    description = "GPU health from NVML and sysfs: row remapping, GPUs present, PCIe link."
+    metrics = (INFO, UP, VISIBLE, EXPECTED, REMAPPED_ROWS, REMAP_PENDING, REMAP_FAILURE, REMAP_BANKS,
+               LINK_GENERATION, LINK_WIDTH, NVML_ERRORS)
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self._logged: set[tuple[int, str, str]] = set()
+
+    def collect(self) -> Iterator[Family]:
+        visible, expected = VISIBLE.family(), EXPECTED.family()
+        if self.ctx.config.gpu.expected_count is not None:
+            expected.add((), self.ctx.config.gpu.expected_count)
+        on_bus: dict[str, pci.PCIGPU] = {}
+        if (self.ctx.sysfs / "bus" / "pci" / "devices").is_dir():  # absent in some containers
+            on_bus = {g.address: g for g in pci.nvidia_gpus(self.ctx.sysfs)}
+            visible.add(("pci",), len(on_bus))
+        try:
+            devices = self.ctx.nvml.devices()
+        except pynvml.NVMLError:
+            yield from (visible, expected)  # presence on the bus matters most when NVML fails
+            raise
+        visible.add(("nvml",), len(devices))
+        yield from (visible, expected)
+        yield from self._per_gpu(devices, on_bus)
+
+    def _per_gpu(self, devices: list[Device], on_bus: dict[str, pci.PCIGPU]) -> Iterator[Family]:
+        session = self.ctx.nvml
+        fams = {spec: spec.family() for spec in (INFO, UP, REMAPPED_ROWS, REMAP_PENDING, REMAP_FAILURE,
+                                                  REMAP_BANKS, LINK_GENERATION, LINK_WIDTH)}
+        for d in devices:
+            ids = (str(d.index), d.uuid)
+            if d.handle is None:
+                if d.lost:
+                    fams[UP].add(ids, 0)
+                continue  # no handle for another reason: counted in gpunode_nvml_errors_total
+            try:
+                rows = session.read(d, pynvml.nvmlDeviceGetRemappedRows)
+                banks = session.read(d, pynvml.nvmlDeviceGetRowRemapperHistogram)
+                generation = session.read(d, pynvml.nvmlDeviceGetCurrPcieLinkGeneration)
+                width = session.read(d, pynvml.nvmlDeviceGetCurrPcieLinkWidth)
+            except GPULostError:
+                fams[UP].add(ids, 0)
+                continue
+            bus = on_bus.get(_canonical(d.pci_bus_id))
+            fams[UP].add(ids, 0 if bus is not None and bus.responding is False else 1)
+            fams[INFO].add((*ids, d.pci_bus_id, d.name, d.serial, session.driver_version), 1)
+            if rows is not None:
+                correctable, uncorrectable, pending, failure = rows
+                fams[REMAPPED_ROWS].add((*ids, "correctable"), correctable)
+                fams[REMAPPED_ROWS].add((*ids, "uncorrectable"), uncorrectable)
+                fams[REMAP_PENDING].add(ids, pending)
+                fams[REMAP_FAILURE].add(ids, failure)
+            if banks is not None:
+                for availability in _AVAILABILITY:
+                    fams[REMAP_BANKS].add((*ids, availability), getattr(banks, availability))
+            for spec, current, maximum in ((LINK_GENERATION, generation, d.max_link_generation),
+                                           (LINK_WIDTH, width, d.max_link_width)):
+                if current is not None:
+                    fams[spec].add((*ids, "current"), current)
+                if maximum is not None:
+                    fams[spec].add((*ids, "max"), maximum)
+        yield from fams.values()
+        yield self._errors(devices)
+
+    def _errors(self, devices: list[Device]) -> Family:
+        errors = NVML_ERRORS.family()
+        uuids = {d.index: d.uuid for d in devices}
+        for key, count in sorted(self.ctx.nvml.errors.items()):
+            index, function, error = key
+            if key not in self._logged:
+                self._logged.add(key)
+                log.warning("GPU %d: %s failed: %s (logged once, counted in %s)",
+                            index, function, error, NVML_ERRORS.name)
+            errors.add((str(index), uuids.get(index, ""), function, error), count)
+        return errors
+
+
+def _canonical(nvml_bus_id: str) -> str:
+    try:
+        return pci.canonical_bus_id(nvml_bus_id)
+    except ValueError:
+        return ""  # unknown or odd id: judge the GPU by NVML alone

@@ -1,0 +1,150 @@
+"""One NVML session for the exporter: init with retry, devices, and their static facts.
+
+Static facts (UUID, name, serial, PCI bus id, maximum PCIe link) are read when a
+device is first seen and kept until the device set changes; collectors fetch only
+dynamic values per scrape. When the driver goes away under us (unloaded,
+upgraded), the session is dropped and the next call starts a new one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pynvml
+from pynvml import NVMLError
+
+T = TypeVar("T")
+
+# Errors after which this session is useless: start a new one on the next call.
+_SESSION_GONE = frozenset({pynvml.NVML_ERROR_UNINITIALIZED, pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+                           pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH})
+_CODE_NAMES = {value: name.removeprefix("NVML_ERROR_") for name, value in vars(pynvml).items()
+               if name.startswith("NVML_ERROR_") and isinstance(value, int)}
+
+
+def error_name(err: NVMLError) -> str:
+    """NOT_SUPPORTED, GPU_IS_LOST, ...: stable label values, unlike the messages."""
+    return _CODE_NAMES.get(err.value, str(err.value))
+
+
+class GPULostError(Exception):
+    """The device answered NVML_ERROR_GPU_IS_LOST: fallen off the bus until the node reboots."""
+
+
+@dataclass
+class Device:
+    index: int
+    handle: Any | None = None  # None while NVML cannot give one (lost before we first saw it)
+    uuid: str = ""
+    name: str = ""
+    serial: str = ""
+    pci_bus_id: str = ""  # NVML's form, 00000000:18:00.0
+    max_link_generation: int | None = None
+    max_link_width: int | None = None
+    complete: bool = False  # every static fact read (or known unsupported)
+    lost: bool = False  # NVML said GPU_IS_LOST on the last call that reached this device
+
+
+class Session:
+    """Thread-safe; every public method may raise NVMLError when NVML itself is unusable."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started = False
+        self.driver_version = ""
+        self._devices: list[Device] = []
+        # Failed per-device calls other than NOT_SUPPORTED and GPU_IS_LOST: (index, function, error).
+        self.errors: Counter[tuple[int, str, str]] = Counter()
+
+    def devices(self) -> list[Device]:
+        """This scrape's device list; only new or incomplete devices cost more than one call."""
+        with self._lock:
+            if not self._started:
+                pynvml.nvmlInit()
+                self._started = True
+                try:
+                    self.driver_version = self.call(pynvml.nvmlSystemGetDriverVersion) or ""
+                except NVMLError as err:
+                    if err.value in _SESSION_GONE:
+                        raise
+                    self.driver_version = ""  # a label, not worth failing the scrape for
+            count = self.call(pynvml.nvmlDeviceGetCount) or 0
+            if count != len(self._devices):
+                self._devices = [Device(i) for i in range(count)]
+            for device in self._devices:
+                if not device.complete:
+                    self._read_static(device)
+            return list(self._devices)
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """fn(*args); None when NOT_SUPPORTED. Drops the session when the driver went away."""
+        try:
+            return fn(*args)
+        except NVMLError as err:
+            if err.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
+                return None
+            if err.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+                raise GPULostError() from err
+            if err.value in _SESSION_GONE:
+                self._started = False
+                self._devices = []
+            raise
+
+    def read(self, device: Device, fn: Callable[..., T], *args: Any) -> T | None:
+        """fn(device.handle, *args): None when unsupported or failed (failures counted in errors).
+
+        Raises GPULostError (and marks the device lost), or NVMLError when the session is gone.
+        """
+        try:
+            value = self.call(fn, device.handle, *args)
+        except GPULostError:
+            device.lost = True
+            raise
+        except NVMLError as err:
+            if err.value in _SESSION_GONE:
+                raise
+            self.errors[(device.index, fn.__name__, error_name(err))] += 1
+            return None
+        device.lost = False
+        return value
+
+    def _read_static(self, device: Device) -> None:
+        failures = self.errors.total()
+        try:
+            if device.handle is None:
+                device.handle = self.read(device, _handle_by_index, device.index)
+                if device.handle is None:
+                    return
+            device.uuid = self.read(device, pynvml.nvmlDeviceGetUUID) or ""
+            device.name = self.read(device, pynvml.nvmlDeviceGetName) or ""
+            device.serial = self.read(device, pynvml.nvmlDeviceGetSerial) or ""
+            pci = self.read(device, pynvml.nvmlDeviceGetPciInfo)
+            device.pci_bus_id = _text(pci.busId) if pci is not None else ""
+            device.max_link_generation = self.read(device, pynvml.nvmlDeviceGetMaxPcieLinkGeneration)
+            device.max_link_width = self.read(device, pynvml.nvmlDeviceGetMaxPcieLinkWidth)
+            device.complete = self.errors.total() == failures
+        except GPULostError:
+            pass  # facts are retried next scrape; the collector reports the GPU down
+
+    def close(self) -> None:
+        with self._lock:
+            if self._started:
+                self._started = False
+                self._devices = []
+                pynvml.nvmlShutdown()
+
+
+def _handle_by_index(_handle: None, index: int) -> Any:
+    """nvmlDeviceGetHandleByIndex shaped like the per-device calls, so read() can count its errors."""
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+_handle_by_index.__name__ = "nvmlDeviceGetHandleByIndex"  # the name errors are counted under
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value

@@ -1,0 +1,1 @@
+"""Pure parsers of sysfs trees: a root path in, data out (like prometheus/procfs/sysfs)."""

@@ -1,0 +1,144 @@
+"""NVIDIA GPUs on the PCI bus, from <sysfs>/bus/pci/devices.
+
+Two kinds of file are read, and they answer different questions:
+
+- `vendor`, `device`, `class`, `revision` are values the kernel cached in
+  struct pci_dev when it enumerated the device. They never change afterwards,
+  so a GPU that has fallen off the bus still shows up here as 0x10de, rev a1.
+- `config` reads the device's configuration space live. A device that no
+  longer answers completes every read with all-ones, which is what lspci shows
+  as "rev ff". Reading it resumes a runtime-suspended device first
+  (pci_config_pm_runtime_get() in drivers/pci/pci-sysfs.c), and a device in
+  D3cold would read all-ones anyway, so it is read only when the device's
+  runtime PM state says it is awake.
+
+Nothing here raises for one bad device: a device whose cached attributes
+cannot be read is skipped, one whose config cannot be read is reported with
+responding=None.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+NVIDIA_VENDOR_ID = 0x10DE
+DISPLAY_BASE_CLASS = 0x03  # 0x0300 VGA, 0x0301 XGA, 0x0302 3D controller, 0x0380 other display
+
+# Unprivileged readers get only the first 64 bytes of config; the header fields
+# needed (vendor, device, revision, class) are all in the first 12.
+_CONFIG_HEADER_BYTES = 12
+
+# power/runtime_status values in which reading config neither wakes the device
+# nor reads a powered-off one: "active", and "unsupported" (runtime PM disabled
+# for the device, so the PM core never suspends it). "suspended", "suspending"
+# and "resuming" would be woken or raced; "error" means the PM core no longer
+# knows the power state, so the device may be in D3cold and read all-ones.
+_SAFE_RUNTIME_STATES = frozenset({"active", "unsupported"})
+
+_BUS_ID = re.compile(
+    r"(?P<domain>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):(?P<device>[0-9a-fA-F]{2})(?:\.(?P<function>[0-7]))?"
+)
+
+
+@dataclass(frozen=True)
+class PCIGPU:
+    """One NVIDIA display-class PCI function as sysfs shows it."""
+
+    address: str  # canonical bus id, the sysfs name: "0000:3b:00.0"
+    device_id: int  # from the cached sysfs `device` attribute
+    revision: int  # from the cached sysfs `revision` attribute
+    # False: live config space reads all-ones (the GPU fell off the bus, lspci's "rev ff").
+    # True: it reads a real header. None: not read (runtime-suspended or PM state
+    # unknown, so reading would wake it) or unreadable.
+    responding: bool | None
+
+
+def _parse_bus_id(bus_id: str) -> tuple[int, int, int, int]:
+    match = _BUS_ID.fullmatch(bus_id)
+    if match is None:
+        raise ValueError(f"not a PCI bus id: {bus_id!r}")
+    device = int(match["device"], 16)
+    if device > 0x1F:  # 5 bits of device number
+        raise ValueError(f"PCI device number out of range in {bus_id!r}")
+    function = int(match["function"]) if match["function"] is not None else 0
+    return int(match["domain"], 16), int(match["bus"], 16), device, function
+
+
+def canonical_bus_id(bus_id: str) -> str:
+    """NVML's "00000000:3B:00.0", sysfs' "0000:3b:00.0" and the kernel log's "0000:3b:00" -> "0000:3b:00.0".
+
+    The kernel log form has no function and means function 0. The domain is
+    printed with at least 4 hex digits, more when it is larger (VMD domains
+    such as 10000), as the kernel names the sysfs directory. ValueError on
+    anything else.
+    """
+    domain, bus, device, function = _parse_bus_id(bus_id)
+    return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
+
+
+def _read_hex(path: Path) -> int:
+    # "0x10de\n"; int(_, 16) accepts the 0x prefix.
+    return int(path.read_text().strip(), 16)
+
+
+def _responding(device_dir: Path) -> bool | None:
+    try:
+        runtime_status: str | None = (device_dir / "power" / "runtime_status").read_text().strip()
+    except FileNotFoundError:
+        runtime_status = None  # kernel without CONFIG_PM: nothing is ever runtime-suspended
+    except (OSError, UnicodeDecodeError):
+        return None
+    if runtime_status is not None and runtime_status not in _SAFE_RUNTIME_STATES:
+        return None
+    try:
+        with (device_dir / "config").open("rb") as config:
+            header = config.read(_CONFIG_HEADER_BYTES)
+    except OSError:  # PermissionError, EIO, the device being removed under us
+        return None
+    if len(header) < 2:
+        return None
+    # A read that no device completes returns all-ones; the vendor id is what
+    # the kernel itself tests (pci_bus_read_dev_vendor_id), 0xffff is never valid.
+    return int.from_bytes(header[0:2], "little") != 0xFFFF
+
+
+def _gpu(device_dir: Path, address: str) -> PCIGPU | None:
+    try:
+        if _read_hex(device_dir / "vendor") != NVIDIA_VENDOR_ID:
+            return None
+        if _read_hex(device_dir / "class") >> 16 != DISPLAY_BASE_CLASS:
+            return None  # NVSwitch (0x0680), HD audio (0x0403), USB-C (0x0c03) functions
+        device_id = _read_hex(device_dir / "device")
+        revision = _read_hex(device_dir / "revision")
+    except (OSError, ValueError):  # ValueError includes UnicodeDecodeError
+        # A file missing or unreadable: the device directory is half gone (a
+        # hot-remove in progress) or not a PCI device the kernel fully set up.
+        return None
+    return PCIGPU(address=address, device_id=device_id, revision=revision, responding=_responding(device_dir))
+
+
+def nvidia_gpus(sysfs: Path) -> list[PCIGPU]:
+    """NVIDIA (vendor 0x10de) display controllers (PCI class 0x03xxxx: VGA 0x0300, 3D 0x0302) under
+    <sysfs>/bus/pci/devices, sorted by address.
+
+    [] if that directory does not exist. If it exists but cannot be listed the
+    OSError propagates: that is a failed read, not a node without GPUs.
+    """
+    devices = sysfs / "bus" / "pci" / "devices"
+    try:
+        entries = list(devices.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found: list[tuple[tuple[int, int, int, int], PCIGPU]] = []
+    for entry in entries:
+        try:
+            key = _parse_bus_id(entry.name)
+        except ValueError:
+            continue
+        gpu = _gpu(entry, canonical_bus_id(entry.name))
+        if gpu is not None:
+            found.append((key, gpu))
+    # Numeric order, so that domain 10000 sorts after ffff.
+    return [gpu for _, gpu in sorted(found, key=lambda item: item[0])]
