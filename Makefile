@@ -15,8 +15,9 @@ test:
 lint:
 	.venv/bin/ruff check exporter tests benchmarks scripts
 
-bench:
+bench:  # GPU collector vs naive pynvml (in-process, ~40 s), then NFS vs node_exporter (needs prometheus-node-exporter)
 	scripts/install-deps.sh --test
+	$(PY) benchmarks/gpu_scrape.py
 	$(PY) benchmarks/scrape_latency.py
 
 golden:  # regenerate tests/golden/ after an intended change; review the diff

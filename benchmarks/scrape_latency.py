@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import json
 import os
 import platform
@@ -31,6 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from common import (  # benchmarks/ is on sys.path when run as a script
+    BenchError,
+    cpu_times,
+    machine_load,
+    ratio,
+    source_fingerprint,
+    summarize,
+)
 from make_fixture import write_fixture  # benchmarks/ is on sys.path when run as a script
 
 HERE = Path(__file__).resolve().parent
@@ -45,10 +52,6 @@ ACCEPT = "text/plain;version=0.0.4"
 P50_RATIO_TARGET = 1.0
 P99_RATIO_TARGET = 2.0
 PEAK_RSS_TARGET_MIB = 40.0
-
-
-class BenchError(RuntimeError):
-    """The benchmark cannot produce a meaningful result; the message says why."""
 
 
 @dataclass
@@ -109,31 +112,6 @@ class Exporter:
 
     def exe(self) -> str:
         return os.readlink(f"/proc/{self.pid}/exe")
-
-
-def source_fingerprint() -> str:
-    """sha256 of the exporter package's sources: the code under test, which another
-    engineer may be editing while we run."""
-    import exporter  # the installed (editable) package gpunode-exporter runs
-
-    digest = hashlib.sha256()
-    root = Path(exporter.__file__).resolve().parent
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def cpu_times() -> list[int]:
-    """Machine-wide jiffies from /proc/stat: user nice system idle iowait irq softirq steal."""
-    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-
-
-def machine_load(before: list[int], after: list[int]) -> dict[str, float]:
-    """Share of all CPUs busy and stolen by the hypervisor between two cpu_times()."""
-    delta = [b - a for a, b in zip(before, after, strict=True)]
-    total = sum(delta) or 1
-    return {"busy_pct": round(100 * (total - delta[3] - delta[4]) / total, 1),
-            "steal_pct": round(100 * delta[7] / total, 1)}
 
 
 def free_port() -> int:
@@ -231,21 +209,6 @@ def inspect(exp: Exporter, mounts: int) -> dict[str, Any]:
     }
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def summarize(lat: list[float]) -> dict[str, float]:
-    ms = [x * 1000 for x in lat]
-    return {"p50_ms": percentile(ms, 0.50), "p90_ms": percentile(ms, 0.90),
-            "p99_ms": percentile(ms, 0.99), "max_ms": max(ms), "mean_ms": sum(ms) / len(ms)}
-
-
 def run_round(exporters: list[Exporter], encoding: str, n: int, warmup: int) -> None:
     """Warm up, then n scrapes of each, alternating who goes first; CPU delta over the n."""
     for i in range(warmup):
@@ -260,10 +223,6 @@ def run_round(exporters: list[Exporter], encoding: str, n: int, warmup: int) -> 
             exp.latencies[encoding].append(elapsed)
     for exp in exporters:
         exp.cpu[encoding] = (exp.cpu_seconds() - cpu0[exp.key]) / n
-
-
-def ratio(a: float, b: float) -> float:
-    return a / b if b else float("inf")
 
 
 def table(results: dict[str, Any], encoding: str, full: bool = True) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sysfs.pci import PCIGPU, canonical_bus_id, nvidia_gpus
+from exporter.sysfs.pci import PCIGPU, BusScanner, canonical_bus_id, nvidia_gpus
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
 DGX = FIXTURES / "dgx-h100"
@@ -240,3 +240,25 @@ def test_canonical_bus_id(given: str, canonical: str) -> None:
 def test_canonical_bus_id_rejects(given: str) -> None:
     with pytest.raises(ValueError):
         canonical_bus_id(given)
+
+
+def test_scanner_reads_identity_once_and_follows_the_listing(edge_copy: Path) -> None:
+    root = edge_copy
+    scanner = BusScanner(root)
+    assert "0000:1b:00.0" in by_address(scanner.scan())
+    # Cached attributes are not read again: a changed `vendor` file goes unnoticed...
+    (device_dir(root, "0000:1b:00.0") / "vendor").write_text("0x8086\n")
+    assert "0000:1b:00.0" in by_address(scanner.scan())
+    # ...while the live state is: config now reads all-ones.
+    (device_dir(root, "0000:1b:00.0") / "config").write_bytes(b"\xff" * 256)
+    assert by_address(scanner.scan())["0000:1b:00.0"].responding is False
+    # A device that leaves the listing is forgotten; when it comes back it is identified anew.
+    link = root / "bus" / "pci" / "devices" / "0000:1b:00.0"
+    target = os.readlink(link)
+    link.unlink()
+    assert "0000:1b:00.0" not in by_address(scanner.scan())
+    link.symlink_to(target)
+    assert "0000:1b:00.0" not in by_address(scanner.scan())  # its vendor file now says Intel
+    # A device whose identity could not be read is retried on the next scan.
+    (device_dir(root, "0000:df:00.0") / "revision").write_text("0xa1\n")
+    assert "0000:df:00.0" in by_address(scanner.scan())

@@ -58,6 +58,7 @@ class GPUCollector(Collector):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
+        self._bus = pci.BusScanner(ctx.sysfs)
         self._logged: set[tuple[int, str, str]] = set()
 
     def collect(self) -> Iterator[Family]:
@@ -65,8 +66,8 @@ class GPUCollector(Collector):
         if self.ctx.config.gpu.expected_count is not None:
             expected.add((), self.ctx.config.gpu.expected_count)
         on_bus: dict[str, pci.PCIGPU] = {}
-        if (self.ctx.sysfs / "bus" / "pci" / "devices").is_dir():  # absent in some containers
-            on_bus = {g.address: g for g in pci.nvidia_gpus(self.ctx.sysfs)}
+        if self._bus.devices.is_dir():  # absent in some containers
+            on_bus = {g.address: g for g in self._bus.scan()}
             visible.add(("pci",), len(on_bus))
         try:
             devices = self.ctx.nvml.devices()

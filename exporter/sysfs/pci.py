@@ -19,6 +19,7 @@ responding=None.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,41 +105,67 @@ def _responding(device_dir: Path) -> bool | None:
     return int.from_bytes(header[0:2], "little") != 0xFFFF
 
 
-def _gpu(device_dir: Path, address: str) -> PCIGPU | None:
+_NOT_A_GPU = (-1, -1)
+
+
+def _identify(device_dir: Path) -> tuple[int, int] | None:
+    """(device id, revision) of an NVIDIA display controller, _NOT_A_GPU for anything else,
+    None when the cached attributes cannot be read (try again later)."""
     try:
         if _read_hex(device_dir / "vendor") != NVIDIA_VENDOR_ID:
-            return None
+            return _NOT_A_GPU
         if _read_hex(device_dir / "class") >> 16 != DISPLAY_BASE_CLASS:
-            return None  # NVSwitch (0x0680), HD audio (0x0403), USB-C (0x0c03) functions
-        device_id = _read_hex(device_dir / "device")
-        revision = _read_hex(device_dir / "revision")
+            return _NOT_A_GPU  # NVSwitch (0x0680), HD audio (0x0403), USB-C (0x0c03) functions
+        return _read_hex(device_dir / "device"), _read_hex(device_dir / "revision")
     except (OSError, ValueError):  # ValueError includes UnicodeDecodeError
         # A file missing or unreadable: the device directory is half gone (a
         # hot-remove in progress) or not a PCI device the kernel fully set up.
         return None
-    return PCIGPU(address=address, device_id=device_id, revision=revision, responding=_responding(device_dir))
+
+
+class BusScanner:
+    """nvidia_gpus() for repeated scrapes.
+
+    The cached attributes of each device are read once per address (they never
+    change, see above); a scan then costs one directory listing plus, per GPU,
+    its runtime PM state and 12 bytes of live config space.
+    """
+
+    def __init__(self, sysfs: Path) -> None:
+        self.devices = sysfs / "bus" / "pci" / "devices"
+        # name -> (sort key, canonical address, identity); only devices identified for good.
+        self._known: dict[str, tuple[tuple[int, int, int, int], str, tuple[int, int]]] = {}
+
+    def scan(self) -> list[PCIGPU]:
+        """[] if <sysfs>/bus/pci/devices does not exist; other listing errors raise."""
+        try:
+            names = os.listdir(self.devices)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        for gone in self._known.keys() - set(names):  # hot-removed: forget, re-read if it returns
+            del self._known[gone]
+        found: list[tuple[tuple[int, int, int, int], PCIGPU]] = []
+        for name in names:
+            known = self._known.get(name)
+            if known is None:
+                try:
+                    key = _parse_bus_id(name)
+                except ValueError:
+                    continue
+                identity = _identify(self.devices / name)
+                if identity is None:
+                    continue  # unreadable for now: try again next scan
+                known = self._known[name] = (key, canonical_bus_id(name), identity)
+            key, address, identity = known
+            if identity is _NOT_A_GPU:
+                continue
+            device_id, revision = identity
+            found.append((key, PCIGPU(address, device_id, revision, _responding(self.devices / name))))
+        # Numeric order, so that domain 10000 sorts after ffff.
+        return [gpu for _, gpu in sorted(found, key=lambda item: item[0])]
 
 
 def nvidia_gpus(sysfs: Path) -> list[PCIGPU]:
     """NVIDIA (vendor 0x10de) display controllers (PCI class 0x03xxxx: VGA 0x0300, 3D 0x0302) under
-    <sysfs>/bus/pci/devices, sorted by address.
-
-    [] if that directory does not exist. If it exists but cannot be listed the
-    OSError propagates: that is a failed read, not a node without GPUs.
-    """
-    devices = sysfs / "bus" / "pci" / "devices"
-    try:
-        entries = list(devices.iterdir())
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    found: list[tuple[tuple[int, int, int, int], PCIGPU]] = []
-    for entry in entries:
-        try:
-            key = _parse_bus_id(entry.name)
-        except ValueError:
-            continue
-        gpu = _gpu(entry, canonical_bus_id(entry.name))
-        if gpu is not None:
-            found.append((key, gpu))
-    # Numeric order, so that domain 10000 sorts after ffff.
-    return [gpu for _, gpu in sorted(found, key=lambda item: item[0])]
+    <sysfs>/bus/pci/devices, sorted by address. [] if that directory does not exist."""
+    return BusScanner(sysfs).scan()
