@@ -53,10 +53,12 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
                    "(tests and demos; every scrape then carries gpunode_nvml_simulated 1)")
     p.add_argument("--log.level", dest="log_level", default="info",
                    choices=("debug", "info", "warn", "error"), help="log level (default: info)")
+    p.add_argument("--collector.disable-defaults", dest="disable_defaults", action="store_true",
+                   help="enable only the collectors named with --collector.NAME")
     for name, cls in sorted(COLLECTORS.items()):
         state = "enabled" if cls.default_enabled else "disabled"
         p.add_argument(f"--collector.{name}", dest=f"collector_{name}",
-                       action=argparse.BooleanOptionalAction, default=cls.default_enabled,
+                       action=argparse.BooleanOptionalAction, default=None,
                        help=f"{cls.description} (default: {state})")
 
 
@@ -83,7 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _enabled(args: argparse.Namespace, ctx: Context) -> list[Collector]:
-    return [cls(ctx) for name, cls in sorted(COLLECTORS.items()) if getattr(args, f"collector_{name}")]
+    def wanted(name: str, cls: type[Collector]) -> bool:
+        chosen = getattr(args, f"collector_{name}")
+        return chosen if chosen is not None else cls.default_enabled and not args.disable_defaults
+    return [cls(ctx) for name, cls in sorted(COLLECTORS.items()) if wanted(name, cls)]
 
 
 def _context(args: argparse.Namespace, cfg: config.Config) -> Context:

@@ -30,11 +30,32 @@ class GPUConfig:
 
 
 @dataclass(frozen=True)
+class StagingConfig:
+    # Filesystems where checkpoints are staged: gpunode_staging_{used,size}_bytes{path}.
+    paths: tuple[str, ...] = ("/dev/shm",)
+
+
+@dataclass(frozen=True)
+class GPUProcessesConfig:
+    # A process is re-checked for GPU device files until it is this old (CUDA starts late).
+    rescan_young_seconds: float = 300.0
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    # Interfaces that carry storage traffic besides those routing to NFS servers (e.g. NFS over RDMA).
+    interfaces: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Config:
     # A collector still running after this many seconds is reported failed for the scrape.
     collector_timeout_seconds: float = 5.0
     gpu: GPUConfig = field(default_factory=GPUConfig)
+    gpu_processes: GPUProcessesConfig = field(default_factory=GPUProcessesConfig)
     nfs: NFSConfig = field(default_factory=NFSConfig)
+    staging: StagingConfig = field(default_factory=StagingConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
 
 def _build(cls: type, data: Any, where: str) -> Any:
@@ -59,6 +80,10 @@ def _build(cls: type, data: Any, where: str) -> Any:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"key '{path}': want a whole number >= 0, got {value!r}")
             values[name] = value
+        elif want == tuple[str, ...]:
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise ConfigError(f"key '{path}': want a list of strings, got {value!r}")
+            values[name] = tuple(value)
         elif want is float:
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"key '{path}': want a positive number, got {value!r}")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the exporter (and, with --test, the test suite) needs on a fresh
 # Debian bookworm machine: a virtualenv in .venv with the package, and Debian's
-# Prometheus tools that the tests run against (promtool, node_exporter, iproute2).
+# Prometheus tools that the tests run against (promtool, node_exporter, iproute2),
+# and ethtool.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +13,9 @@ need_apt=()
 if [ "$want_test" = 1 ]; then
   command -v promtool >/dev/null || need_apt+=(prometheus)
   command -v prometheus-node-exporter >/dev/null || need_apt+=(prometheus-node-exporter)
+  command -v prometheus-process-exporter >/dev/null || need_apt+=(prometheus-process-exporter)
+  # tests/test_ethtool.py compares the exporter's SIOCETHTOOL reader with `ethtool -S`.
+  command -v ethtool >/dev/null || [ -x /usr/sbin/ethtool ] || [ -x /sbin/ethtool ] || need_apt+=(ethtool)
 fi
 command -v ip >/dev/null || need_apt+=(iproute2)
 if [ "${#need_apt[@]}" -gt 0 ]; then

@@ -82,3 +82,20 @@ def simulated_nvml(scenario: dict[str, Any] | Path, clock: Callable[[], float] |
         yield nvmlsim.install(node, clock)
     finally:
         nvmlsim.uninstall()
+
+
+def parse_ethtool_s(text: str) -> dict[str, int]:
+    """`ethtool -S` text -> {name: value}, in order. ethtool prints "     %s: %llu"; a name
+    may contain ": " itself (bnx2x's "[0]: rx_bytes"), so the value follows the last one."""
+    stats: dict[str, int] = {}
+    for line in text.splitlines():
+        if not line.startswith("     "):
+            continue  # "NIC statistics:", blank lines
+        name, _, value = line[5:].rpartition(": ")
+        stats[name] = int(value)
+    return stats
+
+
+def ethtool_fixture(name: str) -> dict[str, int]:
+    """A driver's statistics from tests/fixtures/ethtool/NAME."""
+    return parse_ethtool_s((Path(__file__).parent / "fixtures" / "ethtool" / name).read_text())

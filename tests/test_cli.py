@@ -92,3 +92,11 @@ def test_simulated_scrapes_say_so() -> None:
     assert "NVML is SIMULATED" in out.stderr
     real = run("dump", "--no-collector.nfs")
     assert "gpunode_nvml_simulated" not in real.stdout
+
+
+def test_disable_defaults_keeps_only_the_named_collectors() -> None:
+    out = run("dump", "--collector.disable-defaults", "--collector.staging")
+    assert out.returncode == 0
+    collectors = {line.split('"')[1] for line in out.stdout.splitlines()
+                  if line.startswith("gpunode_scrape_collector_success{")}
+    assert collectors == {"staging"}

@@ -19,23 +19,33 @@ from tests.netns import storage_netns
 
 HERE = Path(__file__).parent
 FIXTURES = HERE / "fixtures"
-_GPU = ("--no-collector.nfs", "--config.file", str(FIXTURES / "nvml" / "expect-8-gpus.yaml"))
+_NFS = ("--collector.disable-defaults", "--collector.nfs")
+_GPU = ("--collector.disable-defaults", "--collector.gpu",
+        "--config.file", str(FIXTURES / "nvml" / "expect-8-gpus.yaml"))
 # Golden file name -> dump flags.
 SCENARIOS = {
-    "real": ("--no-collector.gpu", "--path.procfs", str(FIXTURES / "procfs" / "real")),
-    "edge": ("--no-collector.gpu", "--path.procfs", str(FIXTURES / "procfs" / "edge")),
+    "real": (*_NFS, "--path.procfs", str(FIXTURES / "procfs" / "real")),
+    "edge": (*_NFS, "--path.procfs", str(FIXTURES / "procfs" / "edge")),
     "gpu-healthy": (*_GPU, "--path.sysfs", str(FIXTURES / "sysfs" / "dgx-h100"),
                     "--nvml.simulate", "exporter/nvmlsim/scenarios/healthy-h100.yaml"),
     "gpu-faults": (*_GPU, "--path.sysfs", str(FIXTURES / "sysfs" / "edge"),
                    "--nvml.simulate", str(FIXTURES / "nvml" / "faults.yaml")),
+    "datapath": ("--collector.disable-defaults", "--collector.staging", "--collector.gpu_processes",
+                 "--collector.storage_network", "--path.procfs", str(FIXTURES / "procfs" / "datapath"),
+                 "--path.sysfs", str(FIXTURES / "sysfs" / "dgx-h100"),
+                 "--config.file", str(FIXTURES / "procfs" / "datapath-config.yaml")),
 }
+# Run first, in a private mount namespace: the staging filesystem the datapath config names.
+_STAGING = ("mount -t tmpfs -o size=64m tmpfs /mnt && mkdir /mnt/staging && "
+            "mount -t tmpfs -o size=64m tmpfs /mnt/staging && head -c 3145728 /dev/zero > /mnt/staging/shard")
 # Lines that differ from run to run or release to release.
 _DURATION = re.compile(r"^gpunode_scrape_collector_duration_seconds\{.*$\n", re.M)
 _BUILD = re.compile(r'^(gpunode_exporter_build_info)\{.*\} ', re.M)
 
 
 def dump(netns: str, scenario: str) -> str:
-    cmd = ["ip", "netns", "exec", netns, sys.executable, "-m", "exporter", "dump", *SCENARIOS[scenario]]
+    cmd = ["ip", "netns", "exec", netns, "unshare", "--mount", "--propagation", "private", "sh", "-c",
+           f'{_STAGING} && exec "$@"', "sh", sys.executable, "-m", "exporter", "dump", *SCENARIOS[scenario]]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=HERE.parent)
     return out.stdout
 

@@ -88,17 +88,19 @@ def read_slot_limits(procfs: Path) -> dict[str, int]:
     return limits
 
 
-def read_mount_files(procfs: Path) -> tuple[str, str]:
-    """mountstats and mountinfo from our own mount namespace, else from PID 1's (containers).
-
-    mountinfo only adds server addresses: without it the scrape goes on.
-    """
+def read_own_or_init(procfs: Path, name: str) -> tuple[Path, str]:
+    """(pid dir, text) of <procfs>/self/NAME, else of <procfs>/1/NAME (a host /proc seen from a container)."""
     pid_dir = procfs / "self"
     try:
-        stats = (pid_dir / "mountstats").read_text(errors="replace")
+        return pid_dir, (pid_dir / name).read_text(errors="replace")
     except FileNotFoundError:
         pid_dir = procfs / "1"
-        stats = (pid_dir / "mountstats").read_text(errors="replace")
+        return pid_dir, (pid_dir / name).read_text(errors="replace")
+
+
+def read_mount_files(procfs: Path) -> tuple[str, str]:
+    """mountstats and mountinfo of one mount namespace; mountinfo only adds server addresses."""
+    pid_dir, stats = read_own_or_init(procfs, "mountstats")
     try:
         info = (pid_dir / "mountinfo").read_text(errors="replace")
     except OSError as err:

@@ -1,0 +1,99 @@
+"""The network under the checkpoint path: storage interfaces' link speed, RoCE congestion, PFC pauses."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from exporter.collector.base import Collector, Context, Family, MetricSpec, register
+from exporter.collector.nfs import read_own_or_init
+from exporter.ethtool import Ethtool, pfc_pause_frames
+from exporter.procfs import mountinfo
+from exporter.sysfs import net
+
+log = logging.getLogger(__name__)
+
+_PORT = ("device", "port")
+
+LINK_SPEED = MetricSpec("gpunode_network_link_speed_bytes", "gauge",
+                        "Link speed of an interface that carries storage traffic, in bytes per second "
+                        "(absent while the link is down or the driver does not say).", ("device",))
+STORAGE_INTERFACE = MetricSpec("gpunode_storage_interface_info", "gauge",
+                               "An interface that carries storage traffic: it routes to an NFS server "
+                               "(source=nfs_route) or is named in storage.interfaces (source=config).",
+                               ("device", "source"))
+PFC_PAUSE = MetricSpec("gpunode_network_pfc_pause_frames_total", "counter",
+                       "PFC pause (XOFF) frames per priority, received (rx: the peer asked us to stop) or "
+                       "sent (tx: we asked the peer to stop), from the driver's ethtool statistics.",
+                       ("device", "direction", "priority"))
+RDMA_PORT_INFO = MetricSpec("gpunode_rdma_port_info", "gauge",
+                            "An RDMA port, its link layer and the netdev behind it (RoCE).",
+                            (*_PORT, "netdev", "link_layer"))
+RDMA_COUNTERS = {name: MetricSpec(f"gpunode_rdma_{spec.suffix}_total", "counter", f"{spec.help} ({name})", _PORT)
+                 for name, spec in net.RDMA_COUNTERS.items()}
+
+
+@register
+class StorageNetworkCollector(Collector):
+    name = "storage_network"
+    description = "Storage interfaces (routes to NFS servers): link speed, RoCE ECN/CNP counters, PFC pauses."
+    metrics = (STORAGE_INTERFACE, LINK_SPEED, PFC_PAUSE, RDMA_PORT_INFO, *RDMA_COUNTERS.values())
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self._ethtool = Ethtool()
+        self._failing: dict[str, str] = {}  # device -> ethtool error last logged
+
+    def _storage_interfaces(self) -> dict[str, str]:
+        """{device: source}: interfaces routing to NFS servers, then those configured."""
+        found: dict[str, str] = {}
+        try:
+            _, text = read_own_or_init(self.ctx.procfs, "mountinfo")
+        except OSError as err:
+            log.debug("no mountinfo: %s", err)
+            text = ""
+        for address in sorted(set(mountinfo.nfs_server_addresses(text).values())):
+            device = self.ctx.route_lookup(address)
+            if device:
+                found.setdefault(device, "nfs_route")
+        for device in self.ctx.config.storage.interfaces:
+            found.setdefault(device, "config")
+        return found
+
+    def collect(self) -> Iterator[Family]:
+        storage = self._storage_interfaces()
+        ports = net.rdma_ports(self.ctx.sysfs)
+        interfaces, speed = STORAGE_INTERFACE.family(), LINK_SPEED.family()
+        for device, source in storage.items():
+            interfaces.add((device, source), 1)
+            bytes_per_second = net.link_speed_bytes(self.ctx.sysfs, device)
+            if bytes_per_second is not None:
+                speed.add((device,), bytes_per_second)
+        yield from (interfaces, speed)
+        # PFC on the storage interfaces and on every RoCE port's netdev (GPU traffic shares the fabric).
+        pfc = PFC_PAUSE.family()
+        for device in sorted(set(storage) | {p.netdev for p in ports if p.netdev}):
+            for (direction, priority), frames in sorted(self._pfc(device).items()):
+                pfc.add((device, direction, priority), frames)
+        yield pfc
+        info = RDMA_PORT_INFO.family()
+        counters = {name: spec.family() for name, spec in RDMA_COUNTERS.items()}
+        for port in ports:
+            info.add((port.device, port.port, port.netdev, port.link_layer), 1)
+            for name, value in port.hw_counters.items():
+                if name in counters:
+                    counters[name].add((port.device, port.port), value)
+        yield info
+        yield from counters.values()
+
+    def _pfc(self, device: str) -> dict[tuple[str, str], int]:
+        try:
+            frames = pfc_pause_frames(self._ethtool.stats(device))
+        except OSError as err:
+            # EOPNOTSUPP (no driver statistics), ENODEV (gone): no PFC series for it.
+            if self._failing.get(device) != err.strerror:
+                log.info("ethtool statistics of %s: %s (no PFC series for it)", device, err.strerror)
+                self._failing[device] = err.strerror or str(err)
+            return {}
+        self._failing.pop(device, None)
+        return frames

@@ -1,0 +1,247 @@
+"""GPU-process accounting: classification, exits, PID reuse, reaped children, permissions.
+
+Rules are checked on a procfs tree built in the kernel's formats, then the same
+rules against real processes and the real kernel (root only: a private mount
+namespace gives the test process a /dev/nvidia0).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from exporter.gpu_processes import ProcessTracker
+from exporter.procfs.pid import IO, PidFileError, parse_io, parse_stat
+from tests.fakeproc import IO_TEXT, STAT, FakeProc
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> FakeProc:
+    return FakeProc(tmp_path)
+
+
+def test_parsers_on_real_formats() -> None:
+    stat = parse_stat(STAT.format(pid=77, ppid=12, start=98765))
+    assert (stat.ppid, stat.start_ticks) == (12, 98765)  # comm with spaces and parentheses
+    assert parse_io(IO_TEXT.format(1, 2, 3, 4)) == IO(1, 2, 3, 4)
+    with pytest.raises(PidFileError):
+        parse_stat("77 (cut")
+    with pytest.raises(PidFileError):
+        parse_io("rchar: 1\nwchar: x\n")
+
+
+def test_only_per_gpu_device_nodes_count(proc: FakeProc) -> None:
+    proc.spawn(10, gpu=True, io=(1000, 500, 10, 5))
+    proc.spawn(11, io=(7, 7, 7, 7))  # nvidiactl and nvidia-uvm only: not a GPU process
+    snap = ProcessTracker(proc.root).scan()
+    assert (snap.processes, snap.totals) == (1, IO(1000, 500, 10, 5))
+
+
+def test_exit_keeps_the_total(proc: FakeProc) -> None:
+    tracker = ProcessTracker(proc.root)
+    proc.spawn(10, gpu=True, io=(1000, 500, 10, 5))
+    proc.spawn(20, gpu=True, io=(1, 1, 1, 1))
+    tracker.scan()
+    proc.set_io(10, 3000, 900, 30, 9)
+    proc.kill(20)
+    snap = tracker.scan()
+    assert (snap.processes, snap.totals) == (1, IO(3001, 901, 31, 10))
+    proc.kill(10)
+    snap = tracker.scan()
+    assert (snap.processes, snap.totals) == (0, IO(3001, 901, 31, 10))
+
+
+def test_pid_reuse_is_a_new_process(proc: FakeProc) -> None:
+    tracker = ProcessTracker(proc.root)
+    proc.spawn(10, gpu=True, io=(1000, 0, 0, 0), start_s=100)
+    tracker.scan()
+    proc.spawn(10, gpu=True, io=(50, 0, 0, 0), start_s=9000)  # same PID, later start, counters from 0
+    assert tracker.scan().totals.rchar == 1050
+    proc.spawn(10, gpu=False, io=(70, 0, 0, 0), start_s=9500)  # reused by a process without a GPU
+    snap = tracker.scan()
+    assert (snap.processes, snap.totals.rchar) == (0, 1050)
+
+
+def test_reaped_child_is_not_counted_twice(proc: FakeProc) -> None:
+    """The kernel adds a reaped child's I/O to its parent (dataloader workers inherit the GPU fds)."""
+    tracker = ProcessTracker(proc.root)
+    proc.spawn(10, gpu=True, io=(100, 0, 0, 0))
+    proc.spawn(11, gpu=True, ppid=10, io=(40, 0, 0, 0))
+    assert tracker.scan().totals.rchar == 140
+    proc.kill(11)
+    proc.set_io(10, 100 + 45, 0, 0, 0)  # the child read 5 more before exiting; the parent reaped it
+    assert tracker.scan().totals.rchar == 145
+    # A child whose parent does not use a GPU (a launcher) is kept on its own.
+    proc.spawn(20, io=(0, 0, 0, 0))
+    proc.spawn(21, gpu=True, ppid=20, io=(60, 0, 0, 0))
+    tracker.scan()
+    proc.kill(21)
+    assert tracker.scan().totals.rchar == 145 + 60
+
+
+def test_child_and_parent_gone_together(proc: FakeProc) -> None:
+    tracker = ProcessTracker(proc.root)
+    proc.spawn(10, gpu=True, io=(100, 0, 0, 0))
+    proc.spawn(11, gpu=True, ppid=10, io=(40, 0, 0, 0))
+    tracker.scan()
+    proc.kill(11)
+    proc.kill(10)
+    assert tracker.scan().totals.rchar == 140  # nobody left to hold the child's I/O: keep both
+
+
+def test_late_gpu_open_seen_only_while_young(proc: FakeProc) -> None:
+    proc.set_uptime(1000)
+    tracker = ProcessTracker(proc.root, rescan_young_seconds=300)
+    proc.spawn(10, start_s=900, io=(5, 0, 0, 0))  # 100 s old
+    proc.spawn(20, start_s=100, io=(9, 0, 0, 0))  # 900 s old
+    assert tracker.scan().processes == 0
+    proc.open_gpu(10)
+    proc.open_gpu(20)
+    snap = tracker.scan()
+    assert (snap.processes, snap.totals.rchar) == (1, 5)  # only the young one is re-checked
+
+
+def test_counters_never_go_back(proc: FakeProc) -> None:
+    tracker = ProcessTracker(proc.root)
+    proc.spawn(10, gpu=True, io=(1000, 0, 0, 0))
+    tracker.scan()
+    proc.set_io(10, 10, 0, 0, 0)  # a zombie's io no longer sums its threads
+    assert tracker.scan().totals.rchar == 1000
+
+
+def test_vanishing_files_mid_scan(proc: FakeProc) -> None:
+    tracker = ProcessTracker(proc.root)
+    proc.spawn(10, gpu=True, io=(1000, 0, 0, 0))
+    (proc.root / "10" / "io").unlink()  # exited between listing and reading
+    (proc.root / "33").mkdir()  # a directory without stat
+    snap = tracker.scan()
+    assert (snap.processes, snap.totals.rchar) == (1, 0)
+
+
+def test_denied_io_is_reported_not_raised(proc: FakeProc, monkeypatch: pytest.MonkeyPatch) -> None:
+    proc.spawn(10, gpu=True, io=(1000, 0, 0, 0))
+    proc.spawn(11, gpu=True, io=(5, 0, 0, 0))
+    denied = proc.root / "11" / "io"
+    read_text = Path.read_text
+
+    def guarded(self: Path, *args: object, **kwargs: object) -> str:
+        if self == denied:
+            raise PermissionError(13, "Permission denied", str(self))
+        return read_text(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "read_text", guarded)
+    snap = ProcessTracker(proc.root).scan()
+    assert (snap.processes, snap.io_denied, snap.totals.rchar) == (2, 1, 1000)
+
+
+# --- the real kernel ---------------------------------------------------------------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                                reason="needs root and unshare(1) for a private /dev with nvidia0")
+
+# In a private mount namespace: a /dev of our own with nvidia0 (the null device's numbers), then run
+# python. The exporter, outside, sees the fd's target as /dev/nvidia0, as on a GPU node.
+PRIVATE_DEV = ("mount -t tmpfs tmpfs /dev && mknod /dev/null c 1 3 && mknod /dev/nvidia0 c 1 3 && "
+               "exec {python} -c \"$0\"")
+WORKLOAD = r"""
+import os, sys
+gpu = open('/dev/nvidia0')
+data = os.open('{data}', os.O_RDONLY)
+release_r, release_w = os.pipe()
+child = os.fork()
+if child == 0:                      # a dataloader worker: inherits the GPU fd, reads 3 MiB, exits
+    os.close(release_w)
+    for _ in range(3):
+        os.pread(data, 1 << 20, 0)
+    os.read(release_r, 1)           # until the trainer closes its end
+    os._exit(0)
+os.close(release_r)
+for _ in range(2):
+    os.pread(data, 1 << 20, 0)      # the trainer reads 2 MiB
+print(child, flush=True)
+sys.stdin.readline()                # the test scans; then the worker is released and reaped
+os.close(release_w)
+os.waitpid(child, 0)
+print('reaped', flush=True)
+sys.stdin.readline()
+"""
+
+@needs_root
+def test_real_processes_and_reaping(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.write_bytes(b"\0" * (1 << 20))
+    script = WORKLOAD.format(data=data)
+    trainer = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                                PRIVATE_DEV.format(python=sys.executable), script],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(trainer.stdout.readline())
+        pid = _child_python(trainer.pid)
+        tracker = ProcessTracker(Path("/proc"), rescan_young_seconds=0)
+        _wait(lambda: parse_io(Path(f"/proc/{worker}/io").read_text()).rchar >= 3 << 20)
+        before = tracker.scan()
+        assert before.processes >= 2  # the trainer and its worker (and nothing else here uses /dev/nvidia0)
+        mine = {p: parse_io(Path(f"/proc/{p}/io").read_text()) for p in (pid, worker)}
+        assert mine[worker].rchar >= 3 << 20 and mine[pid].rchar >= 2 << 20
+        trainer.stdin.write("\n")  # the worker exits and is reaped
+        trainer.stdin.flush()
+        assert trainer.stdout.readline().strip() == "reaped"
+        after = tracker.scan()
+        # The worker's reads now show in the trainer's own io (kernel's wait_task_zombie)...
+        assert parse_io(Path(f"/proc/{pid}/io").read_text()).rchar >= mine[pid].rchar + mine[worker].rchar
+        # ...and our total counted them once: it grew by less than the worker's 3 MiB again.
+        assert before.totals.rchar <= after.totals.rchar < before.totals.rchar + (3 << 20)
+        assert after.processes == before.processes - 1
+    finally:
+        trainer.stdin.write("\n")
+        trainer.stdin.close()
+        trainer.wait(timeout=10)
+    gone = tracker.scan()
+    assert gone.totals.rchar >= after.totals.rchar  # the trainer exited: its total stays
+
+
+@needs_root
+def test_unprivileged_reader_is_told_so(tmp_path: Path) -> None:
+    """As nobody, a root process's fds and io are off limits: counted, never an exception."""
+    holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                               PRIVATE_DEV.format(python=sys.executable),
+                               "import sys; f = open('/dev/nvidia0'); print(1, flush=True); sys.stdin.readline()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        holder.stdout.readline()
+        # Import first: the interpreter's own files may be readable by root only.
+        probe = ("import os; from pathlib import Path; from exporter.gpu_processes import ProcessTracker\n"
+                 "tracker = ProcessTracker(Path('/proc')); os.setgid(65534); os.setuid(65534)\n"
+                 "s = tracker.scan(); print(s.processes, s.fds_denied)")
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                             cwd=Path(__file__).parent.parent, check=True)
+    finally:
+        holder.stdin.write("\n")
+        holder.stdin.close()
+        holder.wait(timeout=10)
+    processes, denied = map(int, out.stdout.split())
+    assert processes == 0 and denied > 0
+
+
+def _child_python(sh_pid: int) -> int:
+    """unshare execs sh, which execs python: the PID stays, but wait until the exec happened."""
+    _wait(lambda: "python" in Path(f"/proc/{sh_pid}/comm").read_text())
+    return sh_pid
+
+
+def _wait(condition: object, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if condition():  # type: ignore[operator]
+                return
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
