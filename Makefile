@@ -15,10 +15,11 @@ test:
 lint:
 	.venv/bin/ruff check exporter tests benchmarks scripts
 
-bench:  # GPU collector vs naive pynvml (in-process, ~40 s), then NFS vs node_exporter (needs prometheus-node-exporter)
+bench:  # GPU collector vs naive pynvml (~40 s), NFS vs node_exporter, GPU processes vs process-exporter (root, ~2.5 min)
 	scripts/install-deps.sh --test
 	$(PY) benchmarks/gpu_scrape.py
 	$(PY) benchmarks/scrape_latency.py
+	$(PY) benchmarks/gpu_processes.py
 
 golden:  # regenerate tests/golden/ after an intended change; review the diff
 	GOLDEN_UPDATE=1 $(PY) -m pytest tests/test_golden.py

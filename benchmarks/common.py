@@ -1,8 +1,14 @@
-"""What both benchmarks need: statistics, machine load, and a fingerprint of the code under test."""
+"""What the benchmarks share: statistics, machine facts and load, a fingerprint of the code under
+test, and the exporter processes they start."""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -20,6 +26,14 @@ def source_fingerprint() -> str:
     for path in sorted(root.rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def cpu_model() -> str:
+    """The first "model name" of /proc/cpuinfo, or "" where there is none (some arm64 kernels)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return ""
 
 
 def cpu_times() -> list[int]:
@@ -52,3 +66,68 @@ def summarize(seconds: list[float]) -> dict[str, float]:
 
 def ratio(a: float, b: float) -> float:
     return a / b if b else float("inf")
+
+
+@dataclass
+class ServerProcess:
+    """One exporter process under test, listening on 127.0.0.1:port, its output in `log`."""
+
+    key: str  # short name in the results ("ours", "node", "peer", ...)
+    label: str
+    argv: list[str]
+    port: int
+    log: Path
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    started: float = field(default=0.0, init=False)  # time.monotonic() at start()
+    latencies: dict[str, list[float]] = field(default_factory=dict, init=False)  # round -> seconds
+    cpu: dict[str, float] = field(default_factory=dict, init=False)  # round -> CPU seconds per scrape
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def start(self, preexec_fn: Callable[[], None] | None = None) -> None:
+        self.started = time.monotonic()
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
+
+    def check_running(self) -> None:
+        """BenchError with the end of its log if it has exited."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise BenchError(f"{self.label} exited with {self.proc.returncode} at startup:\n"
+                             f"{self.log.read_text(errors='replace')[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def cpu_seconds(self) -> float:
+        """utime + stime of the whole process (all threads, exited ones included)."""
+        stat = Path(f"/proc/{self.pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()  # comm may contain spaces
+        utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
+        return (utime + stime) / os.sysconf("SC_CLK_TCK")
+
+    def memory_kib(self) -> dict[str, int]:
+        """VmHWM (peak RSS) and VmRSS in KiB."""
+        out = {}
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmHWM", "VmRSS"):
+                out[key] = int(value.split()[0])
+        return out
+
+    def exe(self) -> str:
+        return os.readlink(f"/proc/{self.pid}/exe")

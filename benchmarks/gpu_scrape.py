@@ -51,6 +51,7 @@ import pynvml
 import yaml
 from common import (  # benchmarks/ is on sys.path when run as a script
     BenchError,
+    cpu_model,
     cpu_times,
     machine_load,
     percentile,
@@ -122,7 +123,7 @@ def scenario_16() -> dict[str, Any]:
 def sysfs_16(tmp: Path) -> Path:
     """The dgx-h100 sysfs tree with each GPU's directory copied into domain 0001."""
     root = tmp / "sysfs-16"
-    shutil.copytree(DGX_SYSFS, root)
+    shutil.copytree(DGX_SYSFS, root, symlinks=True)  # the tree has the kernel's loops (device -> ..)
     devices = root / "bus" / "pci" / "devices"
     for gpu in pci.nvidia_gpus(DGX_SYSFS):
         shutil.copytree(devices / gpu.address, devices / ("0001" + gpu.address[4:]))
@@ -380,18 +381,13 @@ def run_case(gpus: int, scenario: Scenario, sysfs: Path, no_sysfs: Path, args: a
 
 
 def machine_info() -> dict[str, Any]:
-    cpu_model = ""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu_model = line.split(":", 1)[1].strip()
-            break
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "python_version": platform.python_version(),
         "python_implementation": platform.python_implementation(),
         "nproc": os.cpu_count(),
         "nproc_usable": len(os.sched_getaffinity(0)),
-        "cpu_model": cpu_model,
+        "cpu_model": cpu_model(),
         "kernel": platform.release(),
         "nvidia_ml_py_version": importlib.metadata.version("nvidia-ml-py"),
         "prometheus_client_version": importlib.metadata.version("prometheus-client"),

@@ -25,13 +25,15 @@ import sys
 import sysconfig
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import requests
 from common import (  # benchmarks/ is on sys.path when run as a script
     BenchError,
+    ServerProcess,
+    cpu_model,
     cpu_times,
     machine_load,
     ratio,
@@ -54,64 +56,13 @@ P99_RATIO_TARGET = 2.0
 PEAK_RSS_TARGET_MIB = 40.0
 
 
-@dataclass
-class Exporter:
-    """One exporter process under test."""
+@dataclass(kw_only=True)
+class Exporter(ServerProcess):
+    """One exporter process under test, and what its responses must hold."""
 
-    key: str  # "ours" or "node"
-    label: str
-    argv: list[str]
-    port: int
     nfs_metric: str  # a family that must be present in every response
     nfs_prefix: str  # prefix of all its NFS series
     success_series: str  # its own "collector succeeded" series; its value must be 1
-    log: Path
-    proc: subprocess.Popen[bytes] | None = None
-    latencies: dict[str, list[float]] = field(default_factory=dict)
-    cpu: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/metrics"
-
-    def start(self) -> None:
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT)
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def cpu_seconds(self) -> float:
-        """utime + stime of the whole process (all threads, exited ones included)."""
-        stat = Path(f"/proc/{self.pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2 :].split()  # comm may contain spaces
-        utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
-        return (utime + stime) / os.sysconf("SC_CLK_TCK")
-
-    def memory_kib(self) -> dict[str, int]:
-        """VmHWM (peak RSS) and VmRSS in KiB."""
-        out = {}
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmHWM", "VmRSS"):
-                out[key] = int(value.split()[0])
-        return out
-
-    def exe(self) -> str:
-        return os.readlink(f"/proc/{self.pid}/exe")
 
 
 def free_port() -> int:
@@ -147,9 +98,7 @@ def scrape(url: str, encoding: str) -> tuple[float, bytes, str]:
 def wait_ready(exp: Exporter) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT
     while time.monotonic() < deadline:
-        if exp.proc is not None and exp.proc.poll() is not None:
-            raise BenchError(f"{exp.label} exited with {exp.proc.returncode} at startup:\n"
-                             f"{exp.log.read_text(errors='replace')[-2000:]}")
+        exp.check_running()
         try:
             if requests.get(exp.url, headers={"Connection": "close"}, timeout=2).ok:
                 return
@@ -267,15 +216,10 @@ def machine_info(ours_cmd: str) -> dict[str, Any]:
     node_version = subprocess.run([NODE_EXPORTER, "--version"], capture_output=True, text=True,
                                   timeout=10)
     ours_version = subprocess.run([ours_cmd, "--version"], capture_output=True, text=True, timeout=30)
-    cpu_model = ""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu_model = line.split(":", 1)[1].strip()
-            break
     return {
         "nproc": os.cpu_count(),
         "nproc_usable": len(os.sched_getaffinity(0)),
-        "cpu_model": cpu_model,
+        "cpu_model": cpu_model(),
         "kernel": platform.release(),
         "python_version": platform.python_version(),
         "requests_version": requests.__version__,
@@ -345,16 +289,16 @@ def bench(args: argparse.Namespace, fixture: Path, mounts: int, tmpdir: Path) ->
     ours_cmd = find_ours()
     ours_port, node_port = free_port(), free_port()
     ours = Exporter(
-        "ours", "gpunode-exporter",
-        [ours_cmd, "--web.listen-address", f"127.0.0.1:{ours_port}", "--path.procfs", str(fixture)],
-        ours_port, "gpunode_nfs_rpc_operations_total", "gpunode_nfs_",
-        'gpunode_scrape_collector_success{collector="nfs"}', tmpdir / "ours.log")
+        key="ours", label="gpunode-exporter",
+        argv=[ours_cmd, "--web.listen-address", f"127.0.0.1:{ours_port}", "--path.procfs", str(fixture)],
+        port=ours_port, log=tmpdir / "ours.log", nfs_metric="gpunode_nfs_rpc_operations_total",
+        nfs_prefix="gpunode_nfs_", success_series='gpunode_scrape_collector_success{collector="nfs"}')
     node = Exporter(
-        "node", "node_exporter",
-        [NODE_EXPORTER, "--collector.disable-defaults", "--collector.mountstats",
-         "--path.procfs", str(fixture), "--web.listen-address", f"127.0.0.1:{node_port}"],
-        node_port, "node_mountstats_nfs_operations_requests_total", "node_mountstats_nfs_",
-        'node_scrape_collector_success{collector="mountstats"}', tmpdir / "node.log")
+        key="node", label="node_exporter",
+        argv=[NODE_EXPORTER, "--collector.disable-defaults", "--collector.mountstats",
+              "--path.procfs", str(fixture), "--web.listen-address", f"127.0.0.1:{node_port}"],
+        port=node_port, log=tmpdir / "node.log", nfs_metric="node_mountstats_nfs_operations_requests_total",
+        nfs_prefix="node_mountstats_nfs_", success_series='node_scrape_collector_success{collector="mountstats"}')
     exporters = [ours, node]
     results: dict[str, Any] = {"scrapes": args.scrapes, "warmup": args.warmup, "mounts": mounts,
                                "fixture": str(fixture) if args.fixture else "generated",

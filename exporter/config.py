@@ -39,6 +39,8 @@ class StagingConfig:
 class GPUProcessesConfig:
     # A process is re-checked for GPU device files until it is this old (CUDA starts late).
     rescan_young_seconds: float = 300.0
+    # Time one scrape may spend checking processes' fds; the rest wait for the next scrape.
+    check_budget_seconds: float = 0.05
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,17 @@
 
 A process uses a GPU when one of its file descriptors is a per-GPU device node
 (/dev/nvidia0, /dev/nvidia1, ...; /dev/nvidiactl and /dev/nvidia-uvm don't say
-which GPU and are opened by any CUDA process). Scanning fds is costly, so each
-process is classified when first seen and re-checked only while it is young
-(CUDA is usually initialised within seconds of start); a process that opens a
-GPU later than `rescan_young_seconds` after starting is missed.
+which GPU and are opened by any CUDA process). Scanning fds is costly (~0.35 ms
+of kernel time per process to list them), so each process is classified when
+first seen and re-checked only while it is young (CUDA is usually initialised
+within seconds of start) and its number of fds has changed; a process that
+opens a GPU later than `rescan_young_seconds` after starting is missed. After
+the first scan, which checks everything, checks stop for the scrape when
+`check_budget_seconds` is spent (new PIDs newest first, then young processes
+least recently checked first); the rest wait for the next scrape and are counted
+as pending. /proc/PID/io
+counts from process start, so a late check loses no bytes, unless the process
+exits first.
 
 Node totals = the last values of GPU processes that are gone + the current
 values of live ones. The kernel adds a reaped child's I/O to its parent
@@ -33,7 +40,9 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 class _Process:
     start_ticks: int
     ppid: int
-    gpu: bool
+    gpu: bool = False
+    fd_count: int = -1  # when last classified (-1 unknown); a young process is re-checked when it changes
+    checked_in: int = 0  # the scan that last classified it
     fds_denied: bool = False
     io: IO | None = None  # last read, GPU processes only
     io_denied: bool = False
@@ -45,49 +54,67 @@ class Snapshot:
     totals: IO  # monotonic node totals
     fds_denied: int  # processes whose fds we may not read: unknown whether they use a GPU
     io_denied: int  # GPU processes whose io we may not read: not counted
+    pending: int  # processes not checked yet (the check budget ran out)
 
 
 class ProcessTracker:
-    def __init__(self, procfs: Path, rescan_young_seconds: float = 300.0) -> None:
+    def __init__(self, procfs: Path, rescan_young_seconds: float = 300.0,
+                 check_budget_seconds: float = 0.05) -> None:
         self.procfs = procfs
+        self._root = str(procfs)  # string paths: a Path per fd costs as much as the readlink
         self.rescan_young_ticks = rescan_young_seconds * _CLOCK_TICKS
+        self.check_budget = check_budget_seconds
         self._procs: dict[int, _Process] = {}
         self._gone = IO()  # last values of GPU processes that have exited
         self._last_totals = IO()
+        self._stat_counts_fds = _stat_counts_fds(self._root)
+        self._scans = 0
 
     def scan(self) -> Snapshot:
-        pids = {int(name) for name in os.listdir(self.procfs) if name.isdigit()}
-        now_ticks = self._uptime_ticks()
+        # The first scan checks everything (~0.3 ms a process): counts are right from the start.
+        self._scans += 1
+        deadline = time.perf_counter() + (self.check_budget if self._scans > 1 else float("inf"))
+        pids = {int(name) for name in os.listdir(self._root) if name.isdigit()}
         for pid in sorted(self._procs.keys() - pids):
             self._retire(pid, pids)
-        for pid in pids:
-            proc = self._procs.get(pid)
-            if proc is None or proc.gpu:
-                stat = self._stat(pid)
-                if stat is None:  # exited while we looked
-                    if proc is not None:
-                        self._retire(pid, pids - {pid})
-                    continue
-                if proc is not None and stat.start_ticks != proc.start_ticks:  # PID reused
-                    self._retire(pid, pids - {pid})
-                    proc = None
-                if proc is None:
-                    proc = self._procs[pid] = _Process(stat.start_ticks, stat.ppid, gpu=False)
-                    self._classify(pid, proc)
-            elif now_ticks - proc.start_ticks < self.rescan_young_ticks:
-                self._classify(pid, proc)  # young: CUDA may not be initialised yet
+        for pid, proc in list(self._procs.items()):  # GPU processes: still the same process?
             if proc.gpu:
-                self._read_io(pid, proc)
-        live = [p for p in self._procs.values() if p.gpu]
+                stat = self._stat(pid)
+                if stat is None or stat.start_ticks != proc.start_ticks:  # exited, or PID reused
+                    self._retire(pid, pids - {pid})
+        # New processes, newest PIDs first (trainers rather than daemons), then young ones whose
+        # fds changed; at least one check per scrape, so a tiny budget still makes progress.
+        checked = 0
+        for pid in sorted(pids - self._procs.keys(), reverse=True):
+            if checked and time.perf_counter() > deadline:
+                break
+            stat = self._stat(pid)
+            if stat is not None:
+                proc = self._procs[pid] = _Process(stat.start_ticks, stat.ppid)
+                self._classify(pid, proc)
+                checked += 1
+        now_ticks = self._uptime_ticks()
+        young = [(proc.checked_in, pid, proc) for pid, proc in self._procs.items()
+                 if not proc.gpu and now_ticks - proc.start_ticks < self.rescan_young_ticks]
+        for _, pid, proc in sorted(young, key=lambda item: item[0]):  # least recently checked first
+            if checked and time.perf_counter() > deadline:
+                break
+            count = self._fd_count(pid)
+            if count < 0 or count != proc.fd_count:  # unknown (Linux < 6.2), or fds opened or closed
+                self._classify(pid, proc)
+                checked += 1
+        live = [(pid, p) for pid, p in self._procs.items() if p.gpu]
         totals = self._gone
-        for proc in live:
+        for pid, proc in live:
+            self._read_io(pid, proc)
             if proc.io is not None:
                 totals = totals + proc.io
         # The rules above keep totals monotonic; this guards what they may have missed.
         self._last_totals = totals = totals.at_least(self._last_totals)
         return Snapshot(processes=len(live), totals=totals,
                         fds_denied=sum(p.fds_denied for p in self._procs.values()),
-                        io_denied=sum(p.io_denied for p in live))
+                        io_denied=sum(p.io_denied for _, p in live),
+                        pending=len(pids - self._procs.keys()))
 
     def _retire(self, pid: int, alive: set[int]) -> None:
         proc = self._procs.pop(pid)
@@ -100,32 +127,48 @@ class ProcessTracker:
 
     def _stat(self, pid: int) -> Stat | None:
         try:
-            return parse_stat((self.procfs / str(pid) / "stat").read_text())
+            with open(f"{self._root}/{pid}/stat") as f:
+                return parse_stat(f.read())
         except (OSError, PidFileError):
             return None
 
-    def _classify(self, pid: int, proc: _Process) -> None:
-        fd_dir = self.procfs / str(pid) / "fd"
+    def _fd_count(self, pid: int) -> int:
+        """The number of open fds (Linux >= 6.2 reports it as the fd directory's size), else -1: unknown."""
+        if not self._stat_counts_fds:
+            return -1
         try:
-            names = os.listdir(fd_dir)
+            return os.stat(f"{self._root}/{pid}/fd").st_size
+        except OSError:
+            return -1
+
+    def _classify(self, pid: int, proc: _Process) -> None:
+        proc.fd_count, proc.checked_in = self._fd_count(pid), self._scans
+        try:
+            fd_dir = os.open(f"{self._root}/{pid}/fd", os.O_RDONLY | os.O_DIRECTORY)
         except PermissionError:
             proc.fds_denied = True
             return
         except OSError:
             return  # exited, or a kernel thread with no fd table
         proc.fds_denied = False
-        for name in names:
-            try:
-                target = os.readlink(fd_dir / name)
-            except OSError:
-                continue  # closed meanwhile, or denied per fd
-            if _GPU_DEVICE.fullmatch(target):
-                proc.gpu = True
-                return
+        try:
+            for name in os.listdir(fd_dir):
+                try:
+                    target = os.readlink(name, dir_fd=fd_dir)
+                except OSError:
+                    continue  # closed meanwhile, or denied per fd
+                if _GPU_DEVICE.fullmatch(target):
+                    proc.gpu = True
+                    return
+        except OSError:
+            return  # exited while listed
+        finally:
+            os.close(fd_dir)
 
     def _read_io(self, pid: int, proc: _Process) -> None:
         try:
-            io = parse_io((self.procfs / str(pid) / "io").read_text())
+            with open(f"{self._root}/{pid}/io") as f:
+                io = parse_io(f.read())
         except PermissionError:
             proc.io_denied = True
             return
@@ -136,6 +179,17 @@ class ProcessTracker:
 
     def _uptime_ticks(self) -> float:
         try:
-            return parse_uptime((self.procfs / "uptime").read_text()) * _CLOCK_TICKS
+            with open(f"{self._root}/uptime") as f:
+                return parse_uptime(f.read()) * _CLOCK_TICKS
         except (OSError, PidFileError):
             return time.monotonic() * _CLOCK_TICKS  # CLOCK_MONOTONIC counts from boot on Linux
+
+
+def _stat_counts_fds(root: str) -> bool:
+    """Whether stat() of /proc/PID/fd gives the number of fds (Linux >= 6.2), tried on our own."""
+    try:
+        size = os.stat(f"{root}/self/fd").st_size
+        listed = len(os.listdir(f"{root}/self/fd"))  # one more fd: the listing's own
+    except OSError:
+        return False
+    return size > 0 and abs(listed - size) <= 1

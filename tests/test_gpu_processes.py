@@ -107,6 +107,31 @@ def test_late_gpu_open_seen_only_while_young(proc: FakeProc) -> None:
     assert (snap.processes, snap.totals.rchar) == (1, 5)  # only the young one is re-checked
 
 
+def test_check_budget_newest_first_and_pending(proc: FakeProc) -> None:
+    for pid in (100, 200, 300):
+        proc.spawn(pid, gpu=pid == 300, io=(pid, 0, 0, 0))
+    tracker = ProcessTracker(proc.root, check_budget_seconds=0)  # one check per scan, after the first
+    assert tracker.scan().pending == 0  # the first scan checks everything
+    for pid in (400, 500, 600):
+        proc.spawn(pid, gpu=pid == 600, io=(pid, 0, 0, 0))
+    second = tracker.scan()
+    assert (second.processes, second.pending, second.totals.rchar) == (2, 2, 900)  # the newest PID went first
+    assert tracker.scan().pending == 1
+    assert tracker.scan().pending == 0
+
+
+def test_young_rechecks_take_turns(proc: FakeProc) -> None:
+    """Without fd counts (a fake /proc, or Linux < 6.2) every young process is re-checked: in turns."""
+    proc.set_uptime(1000)
+    for pid in (10, 20, 30):
+        proc.spawn(pid, start_s=990)
+    tracker = ProcessTracker(proc.root, check_budget_seconds=0)
+    assert tracker.scan().processes == 0
+    for pid in (10, 20, 30):
+        proc.open_gpu(pid)
+    assert [tracker.scan().processes for _ in range(3)] == [1, 2, 3]
+
+
 def test_counters_never_go_back(proc: FakeProc) -> None:
     tracker = ProcessTracker(proc.root)
     proc.spawn(10, gpu=True, io=(1000, 0, 0, 0))
@@ -127,15 +152,15 @@ def test_vanishing_files_mid_scan(proc: FakeProc) -> None:
 def test_denied_io_is_reported_not_raised(proc: FakeProc, monkeypatch: pytest.MonkeyPatch) -> None:
     proc.spawn(10, gpu=True, io=(1000, 0, 0, 0))
     proc.spawn(11, gpu=True, io=(5, 0, 0, 0))
-    denied = proc.root / "11" / "io"
-    read_text = Path.read_text
+    denied = str(proc.root / "11" / "io")
+    real_open = open
 
-    def guarded(self: Path, *args: object, **kwargs: object) -> str:
-        if self == denied:
-            raise PermissionError(13, "Permission denied", str(self))
-        return read_text(self, *args, **kwargs)  # type: ignore[arg-type]
+    def guarded(file: object, *args: object, **kwargs: object) -> object:
+        if file == denied:
+            raise PermissionError(13, "Permission denied", file)
+        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
 
-    monkeypatch.setattr(Path, "read_text", guarded)
+    monkeypatch.setattr("builtins.open", guarded)
     snap = ProcessTracker(proc.root).scan()
     assert (snap.processes, snap.io_denied, snap.totals.rchar) == (2, 1, 1000)
 
@@ -204,6 +229,28 @@ def test_real_processes_and_reaping(tmp_path: Path) -> None:
         trainer.wait(timeout=10)
     gone = tracker.scan()
     assert gone.totals.rchar >= after.totals.rchar  # the trainer exited: its total stays
+
+
+@needs_root
+def test_young_process_rechecked_when_its_fds_change() -> None:
+    """Opening /dev/nvidia0 after the first check is seen on the next scan (fd count, Linux >= 6.2, or a rescan)."""
+    late = ("import sys; print(1, flush=True); sys.stdin.readline(); f = open('/dev/nvidia0'); "
+            "print(2, flush=True); sys.stdin.readline()")
+    holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                               PRIVATE_DEV.format(python=sys.executable), late],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        holder.stdout.readline()
+        tracker = ProcessTracker(Path("/proc"))
+        baseline = tracker.scan().processes
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.stdout.readline()
+        assert tracker.scan().processes == baseline + 1
+    finally:
+        holder.stdin.write("\n")
+        holder.stdin.close()
+        holder.wait(timeout=10)
 
 
 @needs_root

@@ -17,6 +17,9 @@ READ_CALLS = MetricSpec("gpunode_gpu_process_read_syscalls_total", "counter",
                         "read()-family calls made by GPU processes (syscr), kept across exits.")
 WRITE_CALLS = MetricSpec("gpunode_gpu_process_write_syscalls_total", "counter",
                          "write()-family calls made by GPU processes (syscw), kept across exits.")
+PENDING = MetricSpec("gpunode_gpu_process_checks_pending", "gauge",
+                     "Processes not yet checked for GPU use: a scrape spends at most "
+                     "gpu_processes.check_budget_seconds on checks, the rest wait for the next one.")
 UNREADABLE = MetricSpec("gpunode_gpu_process_unreadable", "gauge",
                         "Processes the exporter may not inspect: fd = cannot tell whether it uses a GPU, "
                         "io = a GPU process whose I/O is not counted. Run as root or grant CAP_SYS_PTRACE "
@@ -27,17 +30,18 @@ UNREADABLE = MetricSpec("gpunode_gpu_process_unreadable", "gauge",
 class GPUProcessesCollector(Collector):
     name = "gpu_processes"
     description = "read()/write() bytes and calls of processes using GPUs, monotonic across exits."
-    metrics = (PROCESSES, READ_BYTES, WRITE_BYTES, READ_CALLS, WRITE_CALLS, UNREADABLE)
+    metrics = (PROCESSES, READ_BYTES, WRITE_BYTES, READ_CALLS, WRITE_CALLS, PENDING, UNREADABLE)
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self._tracker = ProcessTracker(ctx.procfs, ctx.config.gpu_processes.rescan_young_seconds)
+        cfg = ctx.config.gpu_processes
+        self._tracker = ProcessTracker(ctx.procfs, cfg.rescan_young_seconds, cfg.check_budget_seconds)
 
     def collect(self) -> Iterator[Family]:
         snap = self._tracker.scan()
         for spec, value in ((PROCESSES, snap.processes), (READ_BYTES, snap.totals.rchar),
                             (WRITE_BYTES, snap.totals.wchar), (READ_CALLS, snap.totals.syscr),
-                            (WRITE_CALLS, snap.totals.syscw)):
+                            (WRITE_CALLS, snap.totals.syscw), (PENDING, snap.pending)):
             family = spec.family()
             family.add((), value)
             yield family
