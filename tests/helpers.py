@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -99,3 +100,16 @@ def parse_ethtool_s(text: str) -> dict[str, int]:
 def ethtool_fixture(name: str) -> dict[str, int]:
     """A driver's statistics from tests/fixtures/ethtool/NAME."""
     return parse_ethtool_s((Path(__file__).parent / "fixtures" / "ethtool" / name).read_text())
+
+
+def add_device_links(sysfs: Path) -> None:
+    """The `device` links of class/net and class/infiniband entries back to their PCI function, as
+    the kernel spells them (../../../0000:18:00.0). The committed fixture leaves them out: see
+    tests/fixtures/sysfs/make_sysfs.py write_nic()."""
+    for cls in ("net", "infiniband"):
+        links = sysfs / "class" / cls
+        for entry in sorted(links.iterdir()) if links.is_dir() else []:
+            target = Path(os.path.realpath(entry))
+            function = target.parent.parent
+            if not (target / "device").is_symlink():
+                (target / "device").symlink_to(f"{os.path.relpath(function.parent, target)}/{function.name}")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from exporter.sysfs.net import RDMA_COUNTERS, RDMAPort, link_speed_bytes, rdma_ports
+from tests.helpers import add_device_links
 from tests.netns import STORAGE_DEVICE, storage_netns
 
 ROOT = Path(__file__).parent.parent
@@ -38,6 +39,7 @@ def sysfs(tmp_path: Path) -> Path:
     """A writable copy of dgx-h100/ (symlinks stay relative)."""
     root = tmp_path / "sys"
     shutil.copytree(DGX, root, symlinks=True)
+    add_device_links(root)
     return root
 
 
@@ -279,12 +281,12 @@ def test_a_device_without_ports_is_skipped(sysfs: Path) -> None:
     assert [p.device for p in rdma_ports(sysfs)] == ["mlx5_1"]
 
 
-def test_fixture_links_are_relative_like_the_kernels() -> None:
+def test_fixture_links_are_relative_like_the_kernels(sysfs: Path) -> None:
     for cls, names in (("net", ["enp64s0np0", "stor0"]), ("infiniband", ["mlx5_0", "mlx5_1"])):
-        links = DGX / "class" / cls
+        links = sysfs / "class" / cls
         assert sorted(os.listdir(links)) == names
         for name in names:
             target = os.readlink(links / name)
             assert target.startswith("../../devices/pci0000:"), target
-            assert (links / name).resolve().is_relative_to(DGX.resolve() / "devices")
+            assert (links / name).resolve().is_relative_to(sysfs.resolve() / "devices")
             assert os.readlink(links / name / "device").startswith("../../../0000:")
