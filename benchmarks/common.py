@@ -4,12 +4,14 @@ test, and the exporter processes they start."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 class BenchError(RuntimeError):
@@ -131,3 +133,18 @@ class ServerProcess:
 
     def exe(self) -> str:
         return os.readlink(f"/proc/{self.pid}/exe")
+
+
+def finish(results: dict[str, Any], output: Path, machine: str) -> int:
+    """How every benchmark ends: a warning if exporter/ changed during the run, the machine line
+    (`machine` names the CPUs and versions), and the JSON results."""
+    if results["exporter_source_changed_during_run"]:
+        print("\nWARNING: exporter/ sources changed during the run; the figures are for the code as "
+              "it was at the start. Re-run for a clean result.")
+    load = results["machine"]["during_run"]
+    print(f"\nmachine: {machine}; all CPUs {load['busy_pct']}% busy, {load['steal_pct']}% stolen; "
+          f"{results['wall_seconds']} s")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"results: {output}")
+    return 0

@@ -68,6 +68,7 @@ from common import (  # benchmarks/ is on sys.path when run as a script
     ServerProcess,
     cpu_model,
     cpu_times,
+    finish,
     machine_load,
     percentile,
     ratio,
@@ -815,16 +816,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n/proc: {b['processes']} processes before the fleet ({b['fds']:,} fds), {f['processes']} with it "
           f"({f['fds']:,} fds; per process p50 {f['fds_per_process']['p50']:.0f}, max "
           f"{f['fds_per_process']['max']}; {f['processes_with_50_to_200_fds']} hold 50-200)")
-    if results["exporter_source_changed_during_run"]:
-        print("\nWARNING: exporter/ sources changed during the run; re-run for a clean result.")
     m = results["machine"]
-    print(f"machine: {m['nproc']} CPUs ({m['cpu_model']}), kernel {m['kernel']}, Python {m['python_version']}, "
-          f"process-exporter {m['process_exporter_version']}; all CPUs {m['during_run']['busy_pct']}% busy, "
-          f"{m['during_run']['steal_pct']}% stolen; {results['wall_seconds']} s")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results: {args.output}")
-    return 0
+    return finish(results, args.output,
+                  f"{m['nproc']} CPUs ({m['cpu_model']}), kernel {m['kernel']}, "
+                   f"Python {m['python_version']}, process-exporter {m['process_exporter_version']}")
 
 
 if __name__ == "__main__":

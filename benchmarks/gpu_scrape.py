@@ -35,7 +35,6 @@ import argparse
 import datetime
 import gc
 import importlib.metadata
-import json
 import os
 import platform
 import shutil
@@ -53,6 +52,7 @@ from common import (  # benchmarks/ is on sys.path when run as a script
     BenchError,
     cpu_model,
     cpu_times,
+    finish,
     machine_load,
     percentile,
     ratio,
@@ -457,18 +457,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{case['ours_pci_sysfs_scan_p50_ms']:.3f} ms, included in its latency); one simulated NVML call "
               f"through pynvml {case['simulated_nvml_call_us']:.1f} us; series only ours "
               f"serves: {', '.join(case['series_only_in_ours'])}")
-    if results["exporter_source_changed_during_run"]:
-        print("\nWARNING: exporter/ sources changed during the run; the figures are for the code as "
-              "imported at the start. Re-run for a clean result.")
     m = results["machine"]
-    print(f"\nmachine: {m['nproc']} CPUs ({m['cpu_model']}), Python {m['python_version']}, nvidia-ml-py "
-          f"{m['nvidia_ml_py_version']}, prometheus_client {m['prometheus_client_version']}; all CPUs "
-          f"{m['during_run']['busy_pct']}% busy, {m['during_run']['steal_pct']}% stolen; "
-          f"{results['wall_seconds']} s")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results: {args.output}")
-    return 0
+    return finish(results, args.output,
+                  f"{m['nproc']} CPUs ({m['cpu_model']}), Python {m['python_version']}, nvidia-ml-py "
+                  f"{m['nvidia_ml_py_version']}, prometheus_client {m['prometheus_client_version']}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import os
 import platform
 import shutil
@@ -35,6 +34,7 @@ from common import (  # benchmarks/ is on sys.path when run as a script
     ServerProcess,
     cpu_model,
     cpu_times,
+    finish,
     machine_load,
     ratio,
     source_fingerprint,
@@ -271,18 +271,10 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("ours", "node"):
         e = results["exporters"][key]
         print(f"{e['label']}: non-NFS samples in a response: {e['other_samples']}")
-    if results["exporter_source_changed_during_run"]:
-        print("\nWARNING: exporter/ sources changed while the benchmark ran; the server ran the "
-              "code as of its start. Re-run for a clean result.")
     m = results["machine"]
-    print(f"\nmachine: {m['nproc']} CPUs ({m['cpu_model']}), kernel {m['kernel']}, Python "
-          f"{m['python_version']}, {m['node_exporter_version']}; during the run all CPUs were "
-          f"{m['during_run']['busy_pct']}% busy, {m['during_run']['steal_pct']}% stolen; "
-          f"{results['wall_seconds']} s")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"results: {args.output}")
-    return 0
+    return finish(results, args.output,
+                  f"{m['nproc']} CPUs ({m['cpu_model']}), kernel {m['kernel']}, Python "
+                  f"{m['python_version']}, {m['node_exporter_version']}")
 
 
 def bench(args: argparse.Namespace, fixture: Path, mounts: int, tmpdir: Path) -> dict[str, Any]:
