@@ -20,6 +20,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from exporter import __version__
 from exporter.collector.base import Collector, Family, MetricSpec
+from exporter.problems import Problems
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class Scraper:
         self.collectors = list(collectors)
         self.timeout = timeout
         self.simulated = simulated
-        self._failing: dict[str, str] = {}  # collector -> the failure last logged
+        self._problems = Problems()  # per collector
         self._pool = ThreadPoolExecutor(max_workers=max(2, 2 * len(self.collectors)),
                                         thread_name_prefix="collector")
         self._lock = threading.Lock()
@@ -98,15 +99,11 @@ class Scraper:
 
     def _report(self, name: str, failure: str | None) -> None:
         """Log a failure when it starts or changes, and the recovery; not every scrape."""
-        with self._lock:  # concurrent scrapes
-            last = self._failing.get(name)
-            if failure is None:
-                if last is not None:
-                    log.info("collector %s: working again", name)
-                    del self._failing[name]
-            elif failure != last:
-                log.error("collector %s %s", name, failure)
-                self._failing[name] = failure
+        if failure is None:
+            if self._problems.solved(name):
+                log.info("collector %s: working again", name)
+        elif self._problems.new(name, failure):
+            log.error("collector %s %s", name, failure)
 
     def close(self, wait: bool = False) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=True)

@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterator
 
 from exporter.collector.base import Collector, Context, Family, MetricSpec, register
+from exporter.problems import Problems
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ class StagingCollector(Collector):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self._failing: dict[str, str] = {}  # path -> error last logged
+        self._problems = Problems()  # per path
 
     def collect(self) -> Iterator[Family]:
         used, size = USED.family(), SIZE.family()
@@ -32,11 +33,10 @@ class StagingCollector(Collector):
             try:
                 st = os.statvfs(path)
             except OSError as err:
-                if self._failing.get(path) != err.strerror:
+                if self._problems.new(path, err.strerror or str(err)):
                     log.warning("staging path %s: %s (its series are left out)", path, err.strerror)
-                    self._failing[path] = err.strerror or str(err)
                 continue
-            self._failing.pop(path, None)
+            self._problems.solved(path)
             size.add((path,), st.f_blocks * st.f_frsize)
             used.add((path,), (st.f_blocks - st.f_bfree) * st.f_frsize)
         yield used

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from exporter.collector.base import Collector, Context, Family, MetricSpec, register
 from exporter.collector.nfs import read_own_or_init
 from exporter.ethtool import Ethtool, pfc_pause_frames
+from exporter.problems import Problems
 from exporter.procfs import mountinfo
 from exporter.sysfs import net
 
@@ -42,7 +43,7 @@ class StorageNetworkCollector(Collector):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self._ethtool = Ethtool()
-        self._failing: dict[str, str] = {}  # device -> ethtool error last logged
+        self._problems = Problems()  # ethtool errors per device
 
     def _storage_interfaces(self) -> dict[str, str]:
         """{device: source}: interfaces routing to NFS servers, then those configured."""
@@ -91,9 +92,8 @@ class StorageNetworkCollector(Collector):
             frames = pfc_pause_frames(self._ethtool.stats(device))
         except OSError as err:
             # EOPNOTSUPP (no driver statistics), ENODEV (gone): no PFC series for it.
-            if self._failing.get(device) != err.strerror:
+            if self._problems.new(device, err.strerror or str(err)):
                 log.info("ethtool statistics of %s: %s (no PFC series for it)", device, err.strerror)
-                self._failing[device] = err.strerror or str(err)
             return {}
-        self._failing.pop(device, None)
+        self._problems.solved(device)
         return frames
