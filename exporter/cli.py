@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -46,6 +47,12 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
                    metavar="DIR", help="procfs mountpoint (default: /proc)")
     p.add_argument("--path.sysfs", dest="sysfs", type=Path, default=Path("/sys"),
                    metavar="DIR", help="sysfs mountpoint (default: /sys)")
+    p.add_argument("--path.kmsg", dest="kmsg", type=Path, default=Path("/dev/kmsg"), metavar="FILE",
+                   help="the kernel log device; a file of records in its format is followed as it "
+                   "grows (replays, tests) (default: /dev/kmsg)")
+    p.add_argument("--path.state", dest="state_dir", type=Path, default=Path("/var/lib/gpunode-exporter"),
+                   metavar="DIR", help="where XID counts are kept across restarts; dump reads it "
+                   "but never writes (default: /var/lib/gpunode-exporter)")
     p.add_argument("--config.file", dest="config_file", type=Path, metavar="FILE",
                    help="optional YAML configuration (see README)")
     p.add_argument("--nvml.simulate", dest="nvml_simulate", type=Path, metavar="FILE",
@@ -94,7 +101,8 @@ def _enabled(args: argparse.Namespace, ctx: Context) -> list[Collector]:
 def _context(args: argparse.Namespace, cfg: config.Config) -> Context:
     lookup = (CachedLookup(route_device, cfg.nfs.route_cache_seconds)
               if cfg.nfs.resolve_devices else (lambda _address: None))
-    return Context(procfs=args.procfs, sysfs=args.sysfs, config=cfg, route_lookup=lookup)
+    return Context(procfs=args.procfs, sysfs=args.sysfs, config=cfg, route_lookup=lookup, kmsg=args.kmsg,
+                   state_dir=args.state_dir, persist_state=args.command == "serve")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,10 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     if scenario is not None:
         nvmlsim.install(scenario)
         logging.getLogger(PROG).warning("NVML is SIMULATED from %s: GPU metrics are not real", args.nvml_simulate)
-    scraper = Scraper(_enabled(args, _context(args, cfg)), cfg.collector_timeout_seconds,
-                      simulated=scenario is not None)
     renderer = Renderer()
+
+    def make_scraper() -> Scraper:
+        return Scraper(_enabled(args, _context(args, cfg)), cfg.collector_timeout_seconds,
+                       simulated=scenario is not None)
+
     if args.command == "dump":
+        scraper = make_scraper()
         for chunk in renderer.chunks(scraper.collect()):
             sys.stdout.buffer.write(chunk)
         scraper.close()
@@ -130,19 +142,33 @@ def main(argv: list[str] | None = None) -> int:
         yield from renderer.chunks(scraper.collect())
         yield generate_latest(own)
 
-    return _serve(args, render, web)
+    # Listen first: an exporter that cannot listen starts no collector (no XID state is touched).
+    server = _listen(args, render, web)
+    if server is None:
+        return 1
+    scraper = make_scraper()
+    try:
+        _serve(server)
+    finally:
+        scraper.close()  # stops the XID reader and saves its state
+    return 0
 
 
-def _serve(args: argparse.Namespace, render: Callable[[], Iterator[bytes]], web: webconfig.WebConfig) -> int:
+def _listen(args: argparse.Namespace, render: Callable[[], Iterator[bytes]],
+            web: webconfig.WebConfig) -> ThreadingHTTPServer | None:
     handler = make_handler(render, web, args.telemetry_path, args.max_requests)
     try:
         server = make_server(args.listen, handler, web)
     except OSError as err:
         sys.stderr.write(f"{PROG}: error: cannot listen on {args.listen}: {err.strerror}\n")
-        return 1
+        return None
+    logging.getLogger(PROG).info("listening on %s%s (%s)", args.listen, args.telemetry_path,
+                                 "TLS" if web.ssl_context else "plain HTTP")
+    return server
+
+
+def _serve(server: ThreadingHTTPServer) -> None:
     log = logging.getLogger(PROG)
-    log.info("listening on %s%s (%s)", args.listen, args.telemetry_path,
-             "TLS" if web.ssl_context else "plain HTTP")
 
     def _shutdown(signum: int, _frame: object) -> None:
         log.info("received signal %d, shutting down", signum)
@@ -152,4 +178,3 @@ def _serve(args: argparse.Namespace, render: Callable[[], Iterator[bytes]], web:
     signal.signal(signal.SIGINT, _shutdown)
     server.serve_forever()
     server.server_close()
-    return 0

@@ -107,3 +107,5 @@ class Scraper:
 
     def close(self, wait: bool = False) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=True)
+        for collector in self.collectors:
+            collector.close()

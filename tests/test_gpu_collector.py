@@ -257,7 +257,8 @@ def test_served_with_the_real_clock_and_speedup(tmp_path: Path) -> None:
     scenario.write_text(yaml.safe_dump({**node(lost_at="1m"), "speedup": 30}))
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "exporter", "--no-collector.nfs", "--nvml.simulate",
-                               str(scenario), "--web.listen-address", f"127.0.0.1:{port}"],
+                               str(scenario), "--web.listen-address", f"127.0.0.1:{port}",
+                               "--path.state", str(tmp_path / "state")],
                               cwd=Path(__file__).parent.parent, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port, alive=lambda: server.poll() is None)

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,9 +29,10 @@ PASSWORD = "s3cret"
 class Server:
     def __init__(self, *flags: str, host: str = "127.0.0.1") -> None:
         self.port = free_port()
+        self.state = tempfile.TemporaryDirectory()  # XID state: not the host's /var/lib
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "exporter", "--web.listen-address", f"{host}:{self.port}",
-             "--path.procfs", str(EDGE), *flags],
+             "--path.procfs", str(EDGE), "--path.state", self.state.name, *flags],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for_port(self.port, alive=lambda: self.proc.poll() is None)
 
@@ -52,6 +54,7 @@ def server_factory() -> Iterator:
         if s.proc.poll() is None:
             s.proc.kill()
             s.proc.wait()
+        s.state.cleanup()
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,9 @@ class Context:
     config: Config
     route_lookup: Callable[[str], str | None]
     nvml: Session = field(default_factory=Session)  # shared by the collectors that use NVML
+    kmsg: Path = Path("/dev/kmsg")
+    state_dir: Path | None = None  # where counts kept across restarts live (None: nowhere)
+    persist_state: bool = True  # False: read state_dir, never write it (dump)
 
 
 class Collector(abc.ABC):
@@ -68,6 +71,10 @@ class Collector(abc.ABC):
         Families yielded before the exception are still served: a collector can report
         what it could read (say, GPUs on the PCI bus) when its main source (NVML) fails.
         """
+
+    def close(self) -> None:
+        """Stop what the collector runs in the background (threads); save what it keeps."""
+        return None
 
 
 COLLECTORS: dict[str, type[Collector]] = {}

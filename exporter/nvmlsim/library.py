@@ -67,7 +67,7 @@ SIGNATURES: dict[str, tuple[Any, ...]] = {
     "nvmlEventSetFree": (_P,),
 }
 FUNCTIONS = frozenset(SIGNATURES)
-_SUPPORTED_EVENTS = pynvml.nvmlEventTypeXidCriticalError
+_SUPPORTED_EVENTS = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeGpuRecoveryAction
 
 
 class _NVMLReturn(Exception):  # noqa: N818 - a return code, not an error of ours
@@ -80,7 +80,7 @@ class _NVMLReturn(Exception):  # noqa: N818 - a return code, not an error of our
 class _EventSet:
     def __init__(self) -> None:
         self.registered: dict[int, int] = {}  # gpu index -> event type mask
-        self.delivered: set[tuple[int, int]] = set()  # (gpu index, xid event number)
+        self.delivered: set[tuple[int, int, int]] = set()  # (gpu index, event type, event number)
 
 
 class SimulatedNVML:
@@ -255,24 +255,32 @@ class SimulatedNVML:
 
     def _nvmlEventSetWait_v2(self, t: float, event_set: int | None, out: int | None,  # noqa: N802
                              timeout_ms: int) -> None:
-        """Returns the oldest undelivered XID whose time has come; waits (real time) up to timeout_ms."""
+        """Returns the oldest undelivered event (XID, recovery action) whose time has come; waits (real
+        time) up to timeout_ms."""
         es = self._event_set(event_set)
         data = _EventData.from_address(_pointer(out))
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             now = self.now()
             with self._lock:
-                for index, mask in sorted(es.registered.items()):
-                    if not mask & pynvml.nvmlEventTypeXidCriticalError:
-                        continue
-                    for n, event in enumerate(self.scenario.gpus[index].xids):
-                        if event.at <= now and (index, n) not in es.delivered:
-                            es.delivered.add((index, n))
-                            data.device = ctypes.addressof(self._handle_memory[index])
-                            data.eventType = pynvml.nvmlEventTypeXidCriticalError
-                            data.eventData = event.xid
-                            data.gpuInstanceId = data.computeInstanceId = 0xFFFFFFFF
-                            return
+                due = []
+                for index, mask in es.registered.items():
+                    gpu = self.scenario.gpus[index]
+                    kinds = ((pynvml.nvmlEventTypeXidCriticalError, [(e.at, e.xid) for e in gpu.xids]),
+                             (pynvml.nvmlEventTypeGpuRecoveryAction,
+                              [(e.at, e.action) for e in gpu.recovery_actions]))
+                    for kind, events in kinds:
+                        if mask & kind:
+                            due += [(at, index, kind, n, value) for n, (at, value) in enumerate(events)
+                                    if at <= now and (index, kind, n) not in es.delivered]
+                if due:
+                    _, index, kind, n, value = min(due)
+                    es.delivered.add((index, kind, n))
+                    data.device = ctypes.addressof(self._handle_memory[index])
+                    data.eventType = kind
+                    data.eventData = value
+                    data.gpuInstanceId = data.computeInstanceId = 0xFFFFFFFF
+                    return
             if time.monotonic() >= deadline:
                 raise _NVMLReturn(E.NVML_ERROR_TIMEOUT)
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))

@@ -143,6 +143,12 @@ class XidEvent:
 
 
 @dataclass(frozen=True)
+class RecoveryActionEvent:
+    at: float
+    action: int  # nvmlDeviceGpuRecoveryAction_t: 0 none ... 4 drain and reset
+
+
+@dataclass(frozen=True)
 class GPU:
     uuid: str
     pci_bus_id: str  # NVML's form: 00000000:18:00.0
@@ -162,6 +168,7 @@ class GPU:
     lost_at: float | None
     faults: tuple[Fault, ...]
     xids: tuple[XidEvent, ...]
+    recovery_actions: tuple[RecoveryActionEvent, ...] = ()
 
     def lost(self, t: float) -> bool:
         return self.lost_at is not None and t >= self.lost_at
@@ -222,7 +229,7 @@ def _faults(data: Any, where: str, known_functions: frozenset[str]) -> tuple[Fau
 def _gpu(data: Any, where: str, known_functions: frozenset[str]) -> GPU:
     data = _keys(data, where, {"uuid", "pci_bus_id"}, {
         "name", "serial", "pci_device_id", "pci_subsystem_id", "remapped_rows", "pending", "failure",
-        "histogram", "banks", "resets", "pcie", "lost_at", "errors", "xids"})
+        "histogram", "banks", "resets", "pcie", "lost_at", "errors", "xids", "recovery_actions"})
     uuid = str(data["uuid"])
     if not _UUID.fullmatch(uuid):
         raise ConfigError(f"{where}.uuid: want GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (lower-case hex), got {uuid!r}")
@@ -241,6 +248,14 @@ def _gpu(data: Any, where: str, known_functions: frozenset[str]) -> GPU:
     for n, item in enumerate(data.get("xids", [])):
         item = _keys(item, f"{where}.xids[{n}]", {"at", "xid"}, set())
         xids.append(XidEvent(seconds(item["at"], f"{where}.xids[{n}].at"), _count(item["xid"], f"{where}.xids[{n}]")))
+    actions = []
+    for n, item in enumerate(data.get("recovery_actions", [])):
+        w = f"{where}.recovery_actions[{n}]"
+        item = _keys(item, w, {"at", "action"}, set())
+        action = _count(item["action"], w)
+        if action > 4:
+            raise ConfigError(f"{w}.action: want 0 (none) .. 4 (drain and reset), got {action}")
+        actions.append(RecoveryActionEvent(seconds(item["at"], f"{w}.at"), action))
     banks = _count(data.get("banks", 2560), f"{where}.banks")
     histogram = tl(data["histogram"], "histogram", _histogram) if "histogram" in data else None
     if histogram is not None and any(sum(h) != sum(histogram.values[0]) for h in histogram.values):
@@ -262,6 +277,7 @@ def _gpu(data: Any, where: str, known_functions: frozenset[str]) -> GPU:
         lost_at=seconds(data["lost_at"], f"{where}.lost_at") if "lost_at" in data else None,
         faults=_faults(data.get("errors", []), f"{where}.errors", known_functions),
         xids=tuple(sorted(xids, key=lambda x: x.at)),
+        recovery_actions=tuple(sorted(actions, key=lambda x: x.at)),
     )
 
 

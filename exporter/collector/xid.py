@@ -1,0 +1,85 @@
+"""XID events per GPU and code, with NVIDIA's recommended action; the GPU's recovery action.
+
+Counting happens in the tracker's thread as the driver logs each XID (see
+exporter/xid/tracker.py); a scrape only reads the counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from exporter.collector.base import Collector, Context, Family, MetricSpec, register
+from exporter.xid import catalog
+from exporter.xid.gpus import GpuDirectory
+from exporter.xid.tracker import XidTracker
+
+_GPU = ("gpu", "uuid", "pci_bus_id")
+XID_ERRORS = MetricSpec("gpunode_xid_errors_total", "counter",
+                        "XID events the NVIDIA driver reported, by code; action is NVIDIA's immediate "
+                        "resolution bucket for the code (UNKNOWN: not in the catalog).",
+                        (*_GPU, "xid", "action"))
+XID_LAST = MetricSpec("gpunode_xid_last_event_timestamp_seconds", "gauge",
+                      "When the latest XID of this code was logged (Unix time).", (*_GPU, "xid"))
+RECOVERY = MetricSpec("gpunode_gpu_recovery_action", "gauge",
+                      "What the driver says the GPU needs (Xid 154, NVML): 0 none, 1 GPU reset, "
+                      "2 node reboot, 3 drain P2P, 4 drain and reset.", _GPU)
+LOST = MetricSpec("gpunode_kmsg_records_lost_total", "counter",
+                  "Kernel log records overwritten before they were read (the reader fell behind, or "
+                  "the exporter was not running): XIDs among them were not counted.")
+MALFORMED = MetricSpec("gpunode_kmsg_records_malformed_total", "counter",
+                       "Kernel log records that could not be parsed (bad header, overlong line) and "
+                       "were skipped.")
+SOURCE = MetricSpec("gpunode_xid_source", "gauge",
+                    "1 for the source XIDs are counted from: the kernel log (kmsg) or NVML events "
+                    "(nvml, when the log cannot be read). All 0: neither works.", ("source",))
+STATE_ERRORS = MetricSpec("gpunode_xid_state_errors_total", "counter",
+                          "Problems with the XID state file under --path.state (load: corrupt or "
+                          "unreadable, replaced; save; lock: another exporter uses it).", ("operation",))
+
+
+@register
+class XidCollector(Collector):
+    name = "xid"
+    description = "XID events from the kernel log (or NVML events), with NVIDIA's action."
+    metrics = (XID_ERRORS, XID_LAST, RECOVERY, LOST, MALFORMED, SOURCE, STATE_ERRORS)
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.catalog = catalog.load()
+        self.tracker = XidTracker(ctx.kmsg, ctx.state_dir, ctx.persist_state, ctx.procfs,
+                                  GpuDirectory(ctx.nvml, ctx.sysfs, ctx.procfs), ctx.nvml)
+        self.tracker.start()
+        self._first = True
+
+    def collect(self) -> Iterator[Family]:
+        if self._first:  # XIDs already in the log belong in the first scrape
+            self.tracker.caught_up.wait(self.ctx.config.collector_timeout_seconds / 2)
+            self._first = False
+        snap = self.tracker.snapshot()
+        errors, last = XID_ERRORS.family(), XID_LAST.family()
+        for bus, (gpu, uuid), xid, count, when in snap.counts:
+            errors.add((gpu, uuid, bus, str(xid), self.catalog.action(xid)), count)
+            last.add((gpu, uuid, bus, str(xid)), when)
+        yield errors
+        yield last
+        recovery = RECOVERY.family()
+        for bus, (gpu, uuid) in sorted(snap.identities.items()):
+            if bus:
+                recovery.add((gpu, uuid, bus), snap.recovery.get(bus, 0))
+        yield recovery
+        lost, malformed = LOST.family(), MALFORMED.family()
+        lost.add((), snap.records_lost)
+        malformed.add((), snap.records_malformed)
+        yield lost
+        yield malformed
+        source = SOURCE.family()
+        for name in ("kmsg", "nvml"):
+            source.add((name,), 1 if snap.source == name else 0)
+        yield source
+        state_errors = STATE_ERRORS.family()
+        for operation in ("load", "save", "lock"):
+            state_errors.add((operation,), snap.state_errors.get(operation, 0))
+        yield state_errors
+
+    def close(self) -> None:
+        self.tracker.close()

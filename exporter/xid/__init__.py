@@ -1,0 +1,1 @@
+"""XID events: the kernel log's NVRM Xid records and NVML's XID events."""

@@ -1,0 +1,56 @@
+"""Which GPU a PCI bus id is: its NVML index and UUID, from NVML or, without it, sysfs and procfs.
+
+Without NVML, the index is the GPU's place in PCI bus order (NVML's default
+enumeration order) and the UUID comes from the driver's
+/proc/driver/nvidia/gpus/<bus id>/information, which exists whenever the
+driver that logged the XID is loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from pynvml import NVMLError
+
+from exporter.nvml import Session
+from exporter.sysfs.pci import BusScanner, canonical_bus_id
+
+log = logging.getLogger(__name__)
+Identity = tuple[str, str]  # (gpu index, uuid); "" where unknown
+
+
+class GpuDirectory:
+    def __init__(self, session: Session, sysfs: Path, procfs: Path) -> None:
+        self._session = session
+        self._scanner = BusScanner(sysfs)
+        self._procfs = procfs
+
+    def identities(self) -> dict[str, Identity]:
+        """Canonical bus id -> identity for every GPU seen now."""
+        try:
+            found = {canonical_bus_id(d.pci_bus_id): (str(d.index), d.uuid)
+                     for d in self._session.devices() if d.pci_bus_id}
+            if found:
+                return found
+        except (NVMLError, ValueError) as err:  # ValueError: NVML returned an odd bus id
+            log.debug("NVML cannot name GPUs (%s); using sysfs", err)
+        try:
+            gpus = self._scanner.scan()
+        except OSError:
+            return {}
+        return {gpu.address: (str(index), self._uuid(gpu.address)) for index, gpu in enumerate(gpus)}
+
+    def lookup(self, bus: str) -> Identity:
+        return self.identities().get(bus, ("", ""))
+
+    def _uuid(self, bus: str) -> str:
+        try:
+            text = (self._procfs / "driver" / "nvidia" / "gpus" / bus / "information").read_text()
+        except (OSError, UnicodeDecodeError):
+            return ""
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "GPU UUID":
+                return value.strip()
+        return ""

@@ -1,0 +1,335 @@
+"""Counts XID events as they happen, in a thread of its own, exactly once across restarts.
+
+The source is the kernel log (/dev/kmsg) when it can be read; otherwise NVML's
+XID events. Only one source counts: NVML's events carry no time or sequence
+number to match against the log, so counting both would count most XIDs twice.
+Once on NVML, the tracker stays there until it restarts. Every kernel record's
+sequence number is tracked: a jump (the reader fell behind and the kernel
+overwrote records, or the exporter was down) is added to the lost count, so a
+missed XID is never silent.
+
+Exactness across restarts: the state (counts, the last record handled) is saved
+atomically and together, at most every SAVE_INTERVAL while XIDs arrive (and on
+close). A crash before a save loses nothing: the records after the saved
+sequence number are read again from the ring buffer and counted then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pynvml
+from pynvml import NVMLError
+
+from exporter.kmsg import KmsgReader, parse_record
+from exporter.nvml import Device, Session
+from exporter.problems import Problems
+from exporter.sysfs.pci import canonical_bus_id
+from exporter.xid import state as statefile
+from exporter.xid.gpus import GpuDirectory, Identity
+from exporter.xid.parse import xid_in_record
+
+log = logging.getLogger(__name__)
+
+SAVE_INTERVAL = 0.5  # seconds between saves while XIDs are being counted
+IDLE_SAVE_INTERVAL = 5.0  # ... while only the record position moves
+MAX_KEYS = 4096  # (bus id, xid) pairs kept; a flood of odd bus ids must not grow memory
+_NVML_EVENTS = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeGpuRecoveryAction
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    source: str | None  # "kmsg", "nvml", None: neither works
+    counts: list[tuple[str, Identity, int, int, float]]  # (bus, identity, xid, count, last seconds)
+    recovery: dict[str, int]
+    identities: dict[str, Identity]
+    records_lost: int
+    records_malformed: int
+    state_errors: dict[str, int]
+
+
+class XidTracker:
+    def __init__(self, kmsg: Path, state_dir: Path | None, persist: bool, procfs: Path,
+                 directory: GpuDirectory, session: Session) -> None:
+        """state_dir None: nothing kept across restarts. persist False: read the saved state, never
+        write it (a one-off dump beside a running exporter)."""
+        self._kmsg = kmsg
+        self._directory = directory
+        self._session = session
+        self._lock = threading.Lock()
+        self._save_lock = threading.Lock()
+        self._stop = threading.Event()
+        self.caught_up = threading.Event()  # the log read to its end once (or NVML events armed)
+        self._problems = Problems()
+        self.state_errors: Counter[str] = Counter()
+        self.malformed = 0
+        self.source: str | None = None
+        self._skip_lost = False
+        self._boot_wall = time.time() - time.monotonic()  # kmsg time is since boot
+        self._dirty = self._dirty_xid = False
+        self._last_save = 0.0
+        self._path: Path | None = None
+        self._lock_file: Any = None
+        boot_id = _boot_id(procfs)
+        self.state = statefile.State(boot_id)
+        if state_dir is not None and not boot_id:
+            self._problem("load", f"no boot id in {procfs}/sys/kernel/random/boot_id: XID counts "
+                          "are not kept across restarts")
+        elif state_dir is not None:
+            if persist:
+                self._lock_file = self._claim(state_dir)
+            self.state, problem = statefile.load(state_dir / statefile.FILE_NAME, boot_id)
+            if problem:
+                self._problem("load", problem)
+            if self._lock_file is not None:
+                self._path = state_dir / statefile.FILE_NAME
+        self._thread = threading.Thread(target=self._run, name="xid", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _claim(self, state_dir: Path) -> Any:
+        """One exporter per state directory: a second one would overwrite the first's counts."""
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+            lock = open(state_dir / "xid-state.lock", "a")  # noqa: SIM115 - held for the process's life
+        except OSError as err:
+            self._problem("lock", f"cannot use {state_dir} ({err}); XID counts will not be saved")
+            return None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            self._problem("lock", f"another exporter holds {state_dir}; XID counts will not be saved")
+            return None
+        return lock
+
+    def _problem(self, operation: str, message: str) -> None:
+        self.state_errors[operation] += 1
+        if self._problems.new(operation, message):
+            log.error("xid state: %s", message)
+
+    # --- the kernel log -------------------------------------------------------
+
+    def _run(self) -> None:
+        # A state counted by NVML events has no log position: counting the ring buffer
+        # from its start would count those XIDs again, so only new records are read.
+        from_end = self.state.source == "nvml" and self.state.kmsg_seq is None and bool(self.state.counts)
+        try:
+            reader = KmsgReader(self._kmsg, from_end=from_end)
+        except OSError as err:
+            log.warning("cannot read %s (%s): counting XIDs from NVML events instead", self._kmsg, err.strerror)
+            self._run_nvml()
+            return
+        self.source = self.state.source = "kmsg"
+        self._skip_lost = from_end
+        try:
+            while not self._stop.is_set():
+                try:
+                    raws = reader.read()
+                except OSError as err:
+                    log.error("reading %s failed (%s): counting XIDs from NVML events instead", self._kmsg, err)
+                    break
+                if raws:
+                    self._handle(raws)
+                    self.malformed += reader.overlong
+                    reader.overlong = 0
+                else:
+                    self.caught_up.set()
+                    self._maybe_save()
+                    reader.wait(0.2)
+            else:
+                return
+        finally:
+            reader.close()
+        self._run_nvml()
+
+    def _handle(self, raws: list[bytes]) -> None:
+        """Parse a batch outside the lock, then apply it under the lock in one step."""
+        last = self.state.kmsg_seq  # only this thread moves it
+        lost = malformed = 0
+        events = []
+        for raw in raws:
+            try:
+                record = parse_record(raw)
+            except ValueError:
+                malformed += 1
+                continue
+            if last is not None:
+                if record.seq <= last:
+                    continue  # handled before a restart
+                lost += record.seq - last - 1
+            elif not self._skip_lost:
+                lost += record.seq  # overwritten before this boot's log was first read
+            last = record.seq
+            event = xid_in_record(record)
+            if event is not None:
+                bus = _canonical(event.pci_bus_id)
+                events.append((bus, event.xid, event.recovery_action, self._boot_wall + record.usec / 1e6))
+        self._skip_lost = False
+        identities = {bus: self._identity(bus) for bus, *_ in events}
+        with self._lock:
+            self.malformed += malformed
+            self.state.records_lost += lost
+            self.state.kmsg_seq = last
+            for bus, xid, action, when in events:
+                self._count(bus, identities[bus], xid, action, when)
+            self._dirty = True
+        self._maybe_save()
+
+    def _identity(self, bus: str) -> Identity:
+        known = self.state.gpus.get(bus)
+        if known is not None:
+            return known
+        return self._directory.lookup(bus) if bus else ("", "")
+
+    def _count(self, bus: str, identity: Identity, xid: int, action: int | None, when: float) -> None:
+        """Under the lock. The identity is fixed when a bus id is first seen, so a series keeps its labels."""
+        key = (bus, xid)
+        if key not in self.state.counts and len(self.state.counts) >= MAX_KEYS:
+            self.malformed += 1
+            return
+        self.state.gpus.setdefault(bus, identity)
+        count = self.state.counts.setdefault(key, statefile.Count())
+        count.value += 1
+        count.last_seconds = max(count.last_seconds, when)
+        if action is not None:
+            self.state.recovery[bus] = action
+        self._dirty_xid = True
+
+    # --- NVML events ------------------------------------------------------------
+
+    def _run_nvml(self) -> None:
+        self.source = None
+        self.caught_up.set()
+        while not self._stop.is_set():
+            try:
+                devices = self._session.devices()
+                event_set = pynvml.nvmlEventSetCreate()
+            except NVMLError as err:
+                log.debug("NVML events unavailable: %s", err)
+                self.source = None
+                self._stop.wait(5)
+                continue
+            try:
+                handles = self._register(event_set, devices)
+                if handles:
+                    self.source = self.state.source = "nvml"
+                    self._wait_events(event_set, handles)
+                self.source = None
+                self._stop.wait(5 if not handles else 1)
+            finally:
+                with contextlib.suppress(NVMLError):
+                    pynvml.nvmlEventSetFree(event_set)
+
+    @staticmethod
+    def _register(event_set: Any, devices: list[Device]) -> dict[int | None, Device]:
+        handles = {}
+        for device in devices:
+            if device.handle is None:
+                continue
+            try:
+                types = pynvml.nvmlDeviceGetSupportedEventTypes(device.handle) & _NVML_EVENTS
+                if types:
+                    pynvml.nvmlDeviceRegisterEvents(device.handle, types, event_set)
+                    handles[ctypes.cast(device.handle, ctypes.c_void_p).value] = device
+            except NVMLError as err:
+                log.debug("GPU %d: no NVML events (%s)", device.index, err)
+        return handles
+
+    def _wait_events(self, event_set: Any, handles: dict[int | None, Device]) -> None:
+        while not self._stop.is_set():
+            try:
+                data = pynvml.nvmlEventSetWait_v2(event_set, 200)
+            except NVMLError as err:
+                if err.value == pynvml.NVML_ERROR_TIMEOUT:
+                    self._maybe_save()
+                    continue
+                log.warning("waiting for NVML events failed (%s); registering again", err)
+                return
+            device = handles.get(ctypes.cast(data.device, ctypes.c_void_p).value)
+            if device is None:
+                continue
+            bus = _canonical(device.pci_bus_id)
+            identity = (str(device.index), device.uuid)
+            with self._lock:
+                if data.eventType == pynvml.nvmlEventTypeXidCriticalError:
+                    self._count(bus, identity, int(data.eventData), None, time.time())
+                elif data.eventType == pynvml.nvmlEventTypeGpuRecoveryAction:
+                    self.state.gpus.setdefault(bus, identity)
+                    self.state.recovery[bus] = int(data.eventData)
+                    self._dirty_xid = True
+                self._dirty = True
+            self._maybe_save()
+
+    # --- saving, reading, stopping -----------------------------------------------
+
+    def _maybe_save(self, force: bool = False) -> None:
+        if self._path is None:
+            return
+        with self._save_lock:
+            with self._lock:
+                interval = SAVE_INTERVAL if self._dirty_xid else IDLE_SAVE_INTERVAL
+                due = time.monotonic() - self._last_save >= interval
+                if not (self._dirty or self._dirty_xid) or not (force or due):
+                    return
+                snapshot = statefile.State.from_json(self.state.to_json())
+                self._dirty = self._dirty_xid = False
+                self._last_save = time.monotonic()
+            try:
+                statefile.save(self._path, snapshot)
+            except OSError as err:
+                self._problem("save", f"cannot write {self._path}: {err}")
+                with self._lock:
+                    self._dirty = True
+            else:
+                if self._problems.solved("save"):
+                    log.info("xid state: saved to %s again", self._path)
+
+    def snapshot(self) -> Snapshot:
+        identities = self._directory.identities()
+        with self._lock:
+            s = self.state
+            return Snapshot(
+                source=self.source,
+                counts=[(bus, s.gpus.get(bus, ("", "")), xid, c.value, c.last_seconds)
+                        for (bus, xid), c in sorted(s.counts.items())],
+                recovery=dict(s.recovery),
+                identities={**identities, **s.gpus},
+                records_lost=s.records_lost,
+                records_malformed=self.malformed,
+                state_errors=dict(self.state_errors),
+            )
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+        self._maybe_save(force=True)
+        if self._lock_file is not None:
+            self._lock_file.close()
+
+
+def _boot_id(procfs: Path) -> str:
+    try:
+        return (procfs / "sys" / "kernel" / "random" / "boot_id").read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _canonical(bus_id: str | None) -> str:
+    if not bus_id:
+        return ""
+    try:
+        return canonical_bus_id(bus_id)
+    except ValueError:
+        return bus_id
