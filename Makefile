@@ -2,7 +2,7 @@
 ARGS ?=
 PY := .venv/bin/python
 
-.PHONY: run test lint bench golden readme
+.PHONY: run test lint bench golden readme rules
 run:
 	scripts/install-deps.sh
 	.venv/bin/gpunode-exporter $(ARGS)
@@ -26,3 +26,7 @@ golden:  # regenerate tests/golden/ after an intended change; review the diff
 
 readme:  # regenerate the flag and metric tables in README.md
 	$(PY) -m exporter.docs README.md
+
+rules:  # regenerate rules/prometheus and rules/vmalert from the spec and templates
+	.venv/bin/gpunode-exporter rules render --target prometheus --out rules/prometheus
+	.venv/bin/gpunode-exporter rules render --target vmalert --out rules/vmalert

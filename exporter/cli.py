@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
-from exporter import __version__, config, nvmlsim, webconfig
+from exporter import __version__, config, nvmlsim, rulepack, webconfig
 from exporter.collector import COLLECTORS, Collector, Context
 from exporter.exposition import Renderer
 from exporter.http import make_handler, make_server, parse_listen_address
@@ -24,7 +24,7 @@ from exporter.scrape import Scraper
 
 PROG = "gpunode-exporter"
 DEFAULT_LISTEN = ":19835"
-COMMANDS = ("serve", "dump")
+COMMANDS = ("serve", "dump", "rules")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -88,6 +88,18 @@ def build_parser() -> argparse.ArgumentParser:
     dump = sub.add_parser("dump", help="collect once, print the exposition to stdout, exit",
                           description="Collect once, print the exposition to stdout, exit.")
     _common_flags(dump)
+    rules = sub.add_parser("rules", help="the Prometheus/vmalert rule pack",
+                           description="The Prometheus/vmalert rule pack (docs/rules.md).")
+    rules_sub = rules.add_subparsers(dest="rules_command", metavar="COMMAND", required=True)
+    render = rules_sub.add_parser("render", help="write the rule files from the spec",
+                                  description="Write the rule files, rendered from the shipped spec "
+                                  "with your overrides merged over it.")
+    render.add_argument("--spec", type=Path, metavar="FILE",
+                        help="YAML overriding keys of the shipped spec (see rules/spec.yaml)")
+    render.add_argument("--target", choices=rulepack.TARGETS, default="prometheus",
+                        help="prometheus, or vmalert (leaves out what vmalert 1.79 rejects) (default: prometheus)")
+    render.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
+                        help="directory to write the rule files to (default: .)")
     return parser
 
 
@@ -111,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         argv.insert(0, "serve")
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "rules":
+        return _render_rules(args, parser)
     logging.basicConfig(level=args.log_level.upper().replace("WARN", "WARNING"), stream=sys.stderr,
                         format="%(asctime)s level=%(levelname)s %(name)s: %(message)s")
     try:
@@ -151,6 +165,21 @@ def main(argv: list[str] | None = None) -> int:
         _serve(server)
     finally:
         scraper.close()  # stops the XID reader and saves its state
+    return 0
+
+
+def _render_rules(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        files = rulepack.render(rulepack.load_spec(args.spec), args.target)
+    except config.ConfigError as err:
+        parser.error(str(err))
+    try:
+        rulepack.write(files, args.out)
+    except OSError as err:
+        sys.stderr.write(f"{PROG}: error: cannot write {args.out}: {err.strerror}\n")
+        return 1
+    for name in files:
+        print(args.out / name)
     return 0
 
 

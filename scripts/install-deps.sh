@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the exporter (and, with --test, the test suite) needs on a fresh
 # Debian bookworm machine: a virtualenv in .venv with the package, and Debian's
-# Prometheus tools that the tests run against (promtool, node_exporter, iproute2),
+# Prometheus tools that the tests run against (promtool, node_exporter, amtool, vmalert, iproute2),
 # and ethtool.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,9 @@ if [ "$want_test" = 1 ]; then
   command -v promtool >/dev/null || need_apt+=(prometheus)
   command -v prometheus-node-exporter >/dev/null || need_apt+=(prometheus-node-exporter)
   command -v prometheus-process-exporter >/dev/null || need_apt+=(prometheus-process-exporter)
+  # The rule pack's tests: amtool checks the Alertmanager example, vmalert -dryRun the vmalert target.
+  command -v amtool >/dev/null || need_apt+=(prometheus-alertmanager)
+  command -v vmalert >/dev/null || need_apt+=(victoria-metrics)
   # tests/test_ethtool.py compares the exporter's SIOCETHTOOL reader with `ethtool -S`.
   command -v ethtool >/dev/null || [ -x /usr/sbin/ethtool ] || [ -x /sbin/ethtool ] || need_apt+=(ethtool)
 fi
