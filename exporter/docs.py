@@ -32,8 +32,8 @@ def flags_table() -> str:
     rows = ["| flag | meaning |", "|---|---|"]
     seen: set[str] = set()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    for command, subparser in sub.choices.items():
-        for action in subparser._actions:
+    for command in _EXPORTER_COMMANDS:
+        for action in sub.choices[command]._actions:
             if not action.option_strings or action.dest == "help":
                 continue
             flag = " / ".join(f"`{o}`" for o in action.option_strings)
@@ -45,8 +45,11 @@ def flags_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+_EXPORTER_COMMANDS = ("serve", "dump")  # `rules render` has its own flags, in docs/rules.md
+
+
 def _shared(sub: argparse._SubParsersAction) -> set[str]:
-    dests = [{a.dest for a in p._actions} for p in sub.choices.values()]
+    dests = [{a.dest for a in sub.choices[c]._actions} for c in _EXPORTER_COMMANDS]
     return set.intersection(*dests)
 
 

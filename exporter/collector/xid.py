@@ -19,7 +19,8 @@ XID_ERRORS = MetricSpec("gpunode_xid_errors_total", "counter",
                         "resolution bucket for the code (UNKNOWN: not in the catalog).",
                         (*_GPU, "xid", "action"))
 XID_LAST = MetricSpec("gpunode_xid_last_event_timestamp_seconds", "gauge",
-                      "When the latest XID of this code was logged (Unix time).", (*_GPU, "xid"))
+                      "When the latest XID of this code was logged (Unix time). Alert on time() minus "
+                      "this: unlike increase(), it sees the first XID of a new series.", (*_GPU, "xid", "action"))
 RECOVERY = MetricSpec("gpunode_gpu_recovery_action", "gauge",
                       "What the driver says the GPU needs (Xid 154, NVML): 0 none, 1 GPU reset, "
                       "2 node reboot, 3 drain P2P, 4 drain and reset.", _GPU)
@@ -58,8 +59,9 @@ class XidCollector(Collector):
         snap = self.tracker.snapshot()
         errors, last = XID_ERRORS.family(), XID_LAST.family()
         for bus, (gpu, uuid), xid, count, when in snap.counts:
-            errors.add((gpu, uuid, bus, str(xid), self.catalog.action(xid)), count)
-            last.add((gpu, uuid, bus, str(xid)), when)
+            action = self.catalog.action(xid)
+            errors.add((gpu, uuid, bus, str(xid), action), count)
+            last.add((gpu, uuid, bus, str(xid), action), when)
         yield errors
         yield last
         recovery = RECOVERY.family()
