@@ -1,0 +1,111 @@
+"""Lint of the rendered rule pack with a real PromQL parser (promql-parser):
+rate()/increase() only over counters, and every metric a rule reads is one our exporter
+produces (its golden outputs), another rule records, or one on the documented list of
+node_exporter and dcgm-exporter metrics (rules/external-metrics.yaml)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import promql_parser
+import pytest
+import yaml
+
+ROOT = Path(__file__).parent.parent
+RULES = ROOT / "rules"
+COUNTER_FUNCTIONS = {"rate", "irate", "increase", "resets"}
+_TYPE = re.compile(r"^# TYPE (\S+) (\S+)$", re.M)
+
+
+def _rules() -> list[dict[str, Any]]:
+    return [rule for path in sorted((RULES / "prometheus").glob("*.yml"))
+            for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]]
+
+
+def _ours() -> dict[str, str]:
+    types: dict[str, str] = {}
+    for golden in (ROOT / "tests" / "golden").glob("*.prom"):
+        types.update(dict(_TYPE.findall(golden.read_text())))
+    return types
+
+
+def _external() -> dict[str, str]:
+    listed = yaml.safe_load((RULES / "external-metrics.yaml").read_text())
+    return {name: kind for metrics in listed.values() for name, kind in metrics.items()}
+
+
+def _children(node: Any) -> Iterator[Any]:
+    for attr in ("lhs", "rhs", "expr", "vector_selector", "param"):
+        child = getattr(node, attr, None)
+        if child is not None and not isinstance(child, int | float | str):
+            yield child
+    yield from getattr(node, "args", None) or []
+
+
+def _walk(node: Any) -> Iterator[Any]:
+    yield node
+    for child in _children(node):
+        yield from _walk(child)
+
+
+def _metric(selector: Any) -> str:
+    if selector.name:
+        return selector.name
+    for matcher in selector.matchers.matchers:
+        if matcher.name == "__name__":
+            return matcher.value
+    raise AssertionError(f"selector without a metric name: {selector}")
+
+
+def _function(call: Any) -> str:
+    return call.func.name
+
+
+@pytest.fixture(scope="module")
+def known() -> dict[str, str]:
+    recorded = {rule["record"]: "recorded" for rule in _rules() if "record" in rule}
+    return {**_ours(), **_external(), **recorded}
+
+
+def test_rules_exist() -> None:
+    assert _rules(), "no rules rendered"
+
+
+def lint(expr: str, known: dict[str, str]) -> None:
+    """AssertionError naming the problem."""
+    for node in _walk(promql_parser.parse(expr)):
+        if isinstance(node, promql_parser.VectorSelector):
+            name = _metric(node)
+            assert name in known, f"{name}: not produced by us, recorded, or in external-metrics.yaml"
+        if isinstance(node, promql_parser.Call) and _function(node) in COUNTER_FUNCTIONS:
+            (arg,) = [a for a in node.args if not isinstance(a, promql_parser.NumberLiteral)]
+            assert isinstance(arg, promql_parser.MatrixSelector), f"{_function(node)}() over {arg}"
+            name = _metric(arg.vector_selector)
+            assert known.get(name) == "counter", f"{_function(node)}({name}): {name} is a {known.get(name)}"
+
+
+@pytest.mark.parametrize("rule", _rules(), ids=lambda r: r.get("alert") or r.get("record"))
+def test_rule_reads_known_metrics_and_rates_only_counters(rule: dict[str, Any], known: dict[str, str]) -> None:
+    lint(rule["expr"], known)
+
+
+@pytest.mark.parametrize(("expr", "problem"), [
+    ("rate(gpunode_gpu_up[5m])", "is a gauge"),
+    ("increase(node_procs_running[5m])", "is a gauge"),
+    ("no_such_metric > 0", "not produced"),
+    ("rate(gpunode:x:y[5m])", "is a recorded"),
+])
+def test_lint_catches(expr: str, problem: str, known: dict[str, str]) -> None:
+    """The lint itself fails on what it is meant to catch."""
+    with pytest.raises(AssertionError, match=problem):
+        lint(expr, {**known, "gpunode:x:y": "recorded", "node_procs_running": "gauge"})
+
+
+def test_external_list_names_only_other_exporters() -> None:
+    ours = _ours()
+    for name in _external():
+        assert not name.startswith("gpunode"), f"{name} is ours: it belongs in the golden outputs"
+        assert name not in ours
