@@ -30,6 +30,18 @@ def source_fingerprint() -> str:
     return digest.hexdigest()
 
 
+def git_commit(root: Path) -> dict[str, Any]:
+    """HEAD of the repository at root, and whether its tree has changes (tracked or new files)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    try:
+        changed = git("status", "--porcelain").splitlines()
+        return {"head": git("rev-parse", "HEAD"), "dirty": bool(changed), "changed": changed[:50]}
+    except (OSError, subprocess.CalledProcessError) as err:
+        return {"head": "", "dirty": None, "error": str(err)}
+
+
 def cpu_model() -> str:
     """The first "model name" of /proc/cpuinfo, or "" where there is none (some arm64 kernels)."""
     for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -64,6 +76,14 @@ def summarize(seconds: list[float]) -> dict[str, float]:
     ms = [x * 1000 for x in seconds]
     return {"p50_ms": percentile(ms, 0.50), "p90_ms": percentile(ms, 0.90), "p99_ms": percentile(ms, 0.99),
             "max_ms": max(ms), "min_ms": min(ms), "mean_ms": sum(ms) / len(ms)}
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of ys over xs (0.0 with fewer than two distinct xs)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
 
 
 def ratio(a: float, b: float) -> float:

@@ -70,6 +70,9 @@ def make_handler(render: Callable[[], Iterator[bytes]], web: WebConfig, telemetr
         server_version = f"gpunode-exporter/{__version__}"
         protocol_version = "HTTP/1.1"
         timeout = 60  # seconds an idle keep-alive connection may hold its thread
+        # The response goes out in several writes (headers, then the body family by family);
+        # with Nagle's algorithm a keep-alive client's delayed ACK held the body ~40 ms.
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: object) -> None:
             log.debug("%s %s", self.address_string(), format % args)
@@ -98,7 +101,8 @@ def make_handler(render: Callable[[], Iterator[bytes]], web: WebConfig, telemetr
             self.end_headers()
             if self.command != "HEAD":
                 for part in parts:
-                    self.wfile.write(part)
+                    if part:
+                        self.wfile.write(part)
 
         def do_GET(self) -> None:
             if not self._authorized():

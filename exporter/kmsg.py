@@ -73,6 +73,7 @@ class KmsgReader:
         mode = os.fstat(self._fd).st_mode
         self.is_device = stat.S_ISCHR(mode)
         self._is_regular = stat.S_ISREG(mode)
+        self._at_eof = False  # a FIFO with no writer selects readable forever: poll it instead
         self._pending = b""  # a file's incomplete last line
         self._skipping = False  # inside an overlong line
         self.overlong = 0  # lines skipped for length (files only; the kernel bounds records itself)
@@ -109,6 +110,7 @@ class KmsgReader:
             chunk = os.read(self._fd, _FILE_CHUNK)
         except BlockingIOError:
             return []
+        self._at_eof = not chunk
         if not chunk:
             return []
         lines = (self._pending + chunk).split(b"\n")
@@ -131,7 +133,7 @@ class KmsgReader:
 
     def wait(self, timeout: float) -> None:
         """Until records may be available, at most timeout seconds."""
-        if self.is_device:
+        if self.is_device or not (self._is_regular or self._at_eof):
             select.select([self._fd], [], [], timeout)
         else:
             time.sleep(min(timeout, 0.005))  # a file is always "readable": poll its growth

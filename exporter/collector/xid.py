@@ -27,6 +27,9 @@ RECOVERY = MetricSpec("gpunode_gpu_recovery_action", "gauge",
 LOST = MetricSpec("gpunode_kmsg_records_lost_total", "counter",
                   "Kernel log records overwritten before they were read (the reader fell behind, or "
                   "the exporter was not running): XIDs among them were not counted.")
+READ = MetricSpec("gpunode_kmsg_records_read_total", "counter",
+                  "Kernel log records read (any subsystem): the log's rate, and with the lost count, "
+                  "how far behind the reader runs.")
 MALFORMED = MetricSpec("gpunode_kmsg_records_malformed_total", "counter",
                        "Kernel log records that could not be parsed (bad header, overlong line) and "
                        "were skipped.")
@@ -42,7 +45,7 @@ STATE_ERRORS = MetricSpec("gpunode_xid_state_errors_total", "counter",
 class XidCollector(Collector):
     name = "xid"
     description = "XID events from the kernel log (or NVML events), with NVIDIA's action."
-    metrics = (XID_ERRORS, XID_LAST, RECOVERY, LOST, MALFORMED, SOURCE, STATE_ERRORS)
+    metrics = (XID_ERRORS, XID_LAST, RECOVERY, LOST, READ, MALFORMED, SOURCE, STATE_ERRORS)
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -69,10 +72,12 @@ class XidCollector(Collector):
             if bus:
                 recovery.add((gpu, uuid, bus), snap.recovery.get(bus, 0))
         yield recovery
-        lost, malformed = LOST.family(), MALFORMED.family()
+        lost, read, malformed = LOST.family(), READ.family(), MALFORMED.family()
         lost.add((), snap.records_lost)
+        read.add((), snap.records_read)
         malformed.add((), snap.records_malformed)
         yield lost
+        yield read
         yield malformed
         source = SOURCE.family()
         for name in ("kmsg", "nvml"):

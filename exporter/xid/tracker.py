@@ -53,6 +53,7 @@ class Snapshot:
     recovery: dict[str, int]
     identities: dict[str, Identity]
     records_lost: int
+    records_read: int
     records_malformed: int
     state_errors: dict[str, int]
 
@@ -92,10 +93,15 @@ class XidTracker:
                 self._problem("load", problem)
             if self._lock_file is not None:
                 self._path = state_dir / statefile.FILE_NAME
+        self.records_read = 0
+        self._save_wanted = threading.Event()
         self._thread = threading.Thread(target=self._run, name="xid", daemon=True)
+        # Saves run in their own thread: a slow fsync must not hold up reading the log.
+        self._saver = threading.Thread(target=self._save_loop, name="xid-state", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+        self._saver.start()
 
     def _claim(self, state_dir: Path) -> Any:
         """One exporter per state directory: a second one would overwrite the first's counts."""
@@ -145,7 +151,7 @@ class XidTracker:
                     reader.overlong = 0
                 else:
                     self.caught_up.set()
-                    self._maybe_save()
+                    self._save_wanted.set()
                     reader.wait(0.2)
             else:
                 return
@@ -178,13 +184,14 @@ class XidTracker:
         self._skip_lost = False
         identities = {bus: self._identity(bus) for bus, *_ in events}
         with self._lock:
+            self.records_read += len(raws)
             self.malformed += malformed
             self.state.records_lost += lost
             self.state.kmsg_seq = last
             for bus, xid, action, when in events:
                 self._count(bus, identities[bus], xid, action, when)
             self._dirty = True
-        self._maybe_save()
+        self._save_wanted.set()
 
     def _identity(self, bus: str) -> Identity:
         known = self.state.gpus.get(bus)
@@ -252,7 +259,6 @@ class XidTracker:
                 data = pynvml.nvmlEventSetWait_v2(event_set, 200)
             except NVMLError as err:
                 if err.value == pynvml.NVML_ERROR_TIMEOUT:
-                    self._maybe_save()
                     continue
                 log.warning("waiting for NVML events failed (%s); registering again", err)
                 return
@@ -269,9 +275,15 @@ class XidTracker:
                     self.state.recovery[bus] = int(data.eventData)
                     self._dirty_xid = True
                 self._dirty = True
-            self._maybe_save()
+            self._save_wanted.set()
 
     # --- saving, reading, stopping -----------------------------------------------
+
+    def _save_loop(self) -> None:
+        while not self._stop.is_set():
+            self._save_wanted.wait(SAVE_INTERVAL)
+            self._save_wanted.clear()
+            self._maybe_save()
 
     def _maybe_save(self, force: bool = False) -> None:
         if self._path is None:
@@ -306,14 +318,17 @@ class XidTracker:
                 recovery=dict(s.recovery),
                 identities={**identities, **s.gpus},
                 records_lost=s.records_lost,
+                records_read=self.records_read,
                 records_malformed=self.malformed,
                 state_errors=dict(self.state_errors),
             )
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=2)
+        self._save_wanted.set()
+        for thread in (self._thread, self._saver):
+            if thread.is_alive():
+                thread.join(timeout=2)
         self._maybe_save(force=True)
         if self._lock_file is not None:
             self._lock_file.close()
