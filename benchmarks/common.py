@@ -168,3 +168,12 @@ def finish(results: dict[str, Any], output: Path, machine: str) -> int:
     output.write_text(json.dumps(results, indent=2) + "\n")
     print(f"results: {output}")
     return 0
+
+
+def free_port() -> int:
+    """A currently free loopback port (tiny race with the server's bind; fine here)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
