@@ -66,11 +66,11 @@ def _post(url: str, *alerts: dict[str, str]) -> None:
 
 
 def _inhibited(url: str, node: str, seconds: float = 10) -> dict[str, bool]:
-    """alertname(/gpu) -> inhibited, for the node's alerts, once Alertmanager has processed them."""
+    """alertname(/gpu or /op) -> inhibited, for the node's alerts, once Alertmanager has processed them."""
     deadline = time.monotonic() + seconds
     while True:
         alerts = requests.get(f"{url}/api/v2/alerts", params={"filter": f'instance="{node}"'}, timeout=5).json()
-        got = {a["labels"]["alertname"] + ("/" + a["labels"]["gpu"] if "gpu" in a["labels"] else ""):
+        got = {"/".join(filter(None, (a["labels"]["alertname"], a["labels"].get("gpu") or a["labels"].get("op")))):
                bool(a["status"]["inhibitedBy"]) for a in alerts}
         if any(got.values()) or time.monotonic() > deadline:
             return got
@@ -102,3 +102,13 @@ def test_reboot_silences_reset_class_actions_on_the_node(alertmanager: str) -> N
           {"alertname": "GpuRecoveryActionRequired", "instance": "gpu085", "gpu": "3", "severity": "critical",
            "action": "RESET_GPU"})
     assert _inhibited(alertmanager, "gpu085") == {"GpuXidHardwareFault/0": False, "GpuRecoveryActionRequired/3": True}
+
+
+def test_bandwidth_paradox_silences_slot_wait_on_the_same_mount_and_op(alertmanager: str) -> None:
+    common = {"instance": "gpu096", "mountpoint": "/mnt/ckpt", "severity": "info"}
+    _post(alertmanager,
+          {**common, "alertname": "NfsBandwidthParadox", "op": "WRITE", "device": "ens1f0"},
+          {**common, "alertname": "NfsSlotWaitDominates", "op": "WRITE"},
+          {**common, "alertname": "NfsSlotWaitDominates", "op": "READ"})
+    assert _inhibited(alertmanager, "gpu096") == {
+        "NfsBandwidthParadox/WRITE": False, "NfsSlotWaitDominates/WRITE": True, "NfsSlotWaitDominates/READ": False}
