@@ -83,7 +83,10 @@ def render(spec: dict[str, Any], target: str = "prometheus") -> dict[str, str]:
     for template in sorted(t.name for t in _PACKAGE.joinpath("templates").iterdir() if t.name.endswith(".j2")
                            and not t.name.startswith("_")):
         text = env.get_template(template).render()
-        files[template.removesuffix(".j2")] = _HEADER + re.sub(r"\n{3,}", "\n\n", text)
+        name = template.removesuffix(".j2")  # xid.rules.yml
+        if target != "prometheus":  # a name of its own, so the two targets' files are never mixed up
+            name = name.replace(".rules.yml", f".{target}.rules.yml")
+        files[name] = _HEADER + re.sub(r"\n{3,}", "\n\n", text)
     return files
 
 
