@@ -9,6 +9,8 @@ driver that logged the XID is loaded.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from pathlib import Path
 
 from pynvml import NVMLError
@@ -21,13 +23,30 @@ Identity = tuple[str, str]  # (gpu index, uuid); "" where unknown
 
 
 class GpuDirectory:
-    def __init__(self, session: Session, sysfs: Path, procfs: Path) -> None:
+    """GPUs come and go rarely: the answer is kept for max_age seconds, except that a bus id
+    not in it makes lookup() ask again (a GPU the driver has only just named)."""
+
+    def __init__(self, session: Session, sysfs: Path, procfs: Path, max_age: float = 60.0) -> None:
         self._session = session
         self._scanner = BusScanner(sysfs)
         self._procfs = procfs
+        self._max_age = max_age
+        self._cached: dict[str, Identity] = {}
+        self._cached_at = float("-inf")
+        self._lock = threading.Lock()  # the tracker's thread and scrapes both ask
 
-    def identities(self) -> dict[str, Identity]:
-        """Canonical bus id -> identity for every GPU seen now."""
+    def identities(self, fresh: bool = False) -> dict[str, Identity]:
+        """Canonical bus id -> identity for every GPU seen (within max_age, or now if fresh)."""
+        with self._lock:
+            if fresh or time.monotonic() - self._cached_at > self._max_age:
+                self._cached, self._cached_at = self._read(), time.monotonic()
+            return self._cached
+
+    def lookup(self, bus: str) -> Identity:
+        found = self.identities().get(bus)
+        return found if found is not None else self.identities(fresh=True).get(bus, ("", ""))
+
+    def _read(self) -> dict[str, Identity]:
         try:
             found = {canonical_bus_id(d.pci_bus_id): (str(d.index), d.uuid)
                      for d in self._session.devices() if d.pci_bus_id}
@@ -40,9 +59,6 @@ class GpuDirectory:
         except OSError:
             return {}
         return {gpu.address: (str(index), self._uuid(gpu.address)) for index, gpu in enumerate(gpus)}
-
-    def lookup(self, bus: str) -> Identity:
-        return self.identities().get(bus, ("", ""))
 
     def _uuid(self, bus: str) -> str:
         try:
