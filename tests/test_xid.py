@@ -398,3 +398,20 @@ def test_kmsg_after_nvml_counted_only_from_now(node: Node, trackers: list[XidTra
     node.xid(79)
     wait_for(t, {("0000:1b:00.0", 79): 2, ("0000:43:00.0", 94): 2})
     assert t.snapshot().source == "kmsg" and t.snapshot().records_lost == 0
+
+
+def test_back_to_kmsg_after_an_nvml_spell_skips_what_nvml_counted(node: Node, trackers: list[XidTracker]) -> None:
+    """kmsg, then NVML (the log unreadable for a while), then kmsg again: the records logged during
+    the NVML spell were counted from NVML events; reading on from the old position would count them twice."""
+    node.xid(79)
+    node.tracker().close()  # position saved: seq 0
+    with simulated_nvml(_EVENTS):
+        spell = node.tracker(kmsg=node.kmsg.parent / "no-such-kmsg")
+        wait_for(spell, {("0000:1b:00.0", 79): 2, ("0000:43:00.0", 94): 2})
+        node.xid(79)  # the kernel logged the XID NVML just delivered
+        spell.close()
+    trackers.append(t := node.tracker())
+    assert counts(t) == {("0000:1b:00.0", 79): 2, ("0000:43:00.0", 94): 2}
+    node.xid(94, bus="0000:43:00")
+    wait_for(t, {("0000:1b:00.0", 79): 2, ("0000:43:00.0", 94): 3})
+    assert t.snapshot().records_lost == 0

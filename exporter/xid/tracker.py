@@ -127,9 +127,10 @@ class XidTracker:
     # --- the kernel log -------------------------------------------------------
 
     def _run(self) -> None:
-        # A state counted by NVML events has no log position: counting the ring buffer
-        # from its start would count those XIDs again, so only new records are read.
-        from_end = self.state.source == "nvml" and self.state.kmsg_seq is None and bool(self.state.counts)
+        # XIDs counted from NVML events have no log position: counting the ring buffer from
+        # its start (or from the last record read before the switch) would count them again,
+        # so only new records are read.
+        from_end = self.state.source == "nvml" and bool(self.state.counts)
         try:
             reader = KmsgReader(self._kmsg, from_end=from_end)
         except OSError as err:
@@ -138,6 +139,8 @@ class XidTracker:
             return
         self.source = self.state.source = "kmsg"
         self._skip_lost = from_end
+        if from_end:
+            self.state.kmsg_seq = None  # the first record read sets the position
         try:
             while not self._stop.is_set():
                 try:
@@ -146,9 +149,8 @@ class XidTracker:
                     log.error("reading %s failed (%s): counting XIDs from NVML events instead", self._kmsg, err)
                     break
                 if raws:
-                    self._handle(raws)
-                    self.malformed += reader.overlong
-                    reader.overlong = 0
+                    overlong, reader.overlong = reader.overlong, 0
+                    self._handle(raws, overlong)
                 else:
                     self.caught_up.set()
                     self._save_wanted.set()
@@ -159,10 +161,11 @@ class XidTracker:
             reader.close()
         self._run_nvml()
 
-    def _handle(self, raws: list[bytes]) -> None:
-        """Parse a batch outside the lock, then apply it under the lock in one step."""
+    def _handle(self, raws: list[bytes], malformed: int = 0) -> None:
+        """Parse a batch outside the lock, then apply it under the lock in one step.
+        malformed: records the reader already threw away (overlong lines)."""
         last = self.state.kmsg_seq  # only this thread moves it
-        lost = malformed = 0
+        lost = 0
         events = []
         for raw in raws:
             try:
