@@ -1,19 +1,24 @@
-# The two commands a fresh machine needs: `make run` and `make test`.
+# The commands a fresh machine needs: `make demo` (the whole stack on a simulated node),
+# `make run` (the exporter on a real node) and `make test`.
 ARGS ?=
 PY := .venv/bin/python
 
-.PHONY: run test lint bench golden readme rules
+.PHONY: demo run test lint bench golden readme rules dashboards
+demo:  # root: network namespaces, a tmpfs; ARGS="--scenario healthy", "--duration 0" (until Ctrl-C)
+	scripts/install-deps.sh --demo
+	$(PY) -m demo $(ARGS)
+
 run:
 	scripts/install-deps.sh
 	.venv/bin/gpunode-exporter $(ARGS)
 
 test:
 	scripts/install-deps.sh --test
-	.venv/bin/ruff check exporter tests benchmarks scripts
+	.venv/bin/ruff check exporter tests benchmarks scripts demo
 	$(PY) -m pytest
 
 lint:
-	.venv/bin/ruff check exporter tests benchmarks scripts
+	.venv/bin/ruff check exporter tests benchmarks scripts demo
 
 bench:  # GPU collector vs naive pynvml (~40 s), NFS vs node_exporter, GPU processes vs process-exporter (root, ~2.5 min)
 	scripts/install-deps.sh --test
@@ -31,3 +36,6 @@ readme:  # regenerate the flag and metric tables in README.md
 rules:  # regenerate rules/prometheus and rules/vmalert from the spec and templates
 	.venv/bin/gpunode-exporter rules render --target prometheus --out rules/prometheus
 	.venv/bin/gpunode-exporter rules render --target vmalert --out rules/vmalert
+
+dashboards:  # regenerate dashboards/ from the code in exporter/dashboards and the rule pack's spec
+	.venv/bin/gpunode-exporter dashboards render --out dashboards

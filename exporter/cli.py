@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
-from exporter import __version__, config, nvmlsim, rulepack, webconfig
+from exporter import __version__, config, dashboards, nvmlsim, rulepack, webconfig
 from exporter.collector import COLLECTORS, Collector, Context
 from exporter.exposition import Renderer
 from exporter.http import make_handler, make_server, parse_listen_address
@@ -24,7 +24,7 @@ from exporter.scrape import Scraper
 
 PROG = "gpunode-exporter"
 DEFAULT_LISTEN = ":19835"
-COMMANDS = ("serve", "dump", "rules")
+COMMANDS = ("serve", "dump", "rules", "dashboards")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,6 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prometheus, or vmalert (leaves out what vmalert 1.79 rejects) (default: prometheus)")
     render.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
                         help="directory to write the rule files to (default: .)")
+    boards = sub.add_parser("dashboards", help="the Grafana dashboards",
+                            description="The Grafana dashboards (docs/dashboards.md).")
+    boards_sub = boards.add_subparsers(dest="dashboards_command", metavar="COMMAND", required=True)
+    render = boards_sub.add_parser("render", help="write the dashboards' JSON from the spec",
+                                   description="Write the Grafana dashboards, with the selectors, labels and "
+                                   "windows of the rule pack's spec (your overrides merged over it).")
+    render.add_argument("--spec", type=Path, metavar="FILE",
+                        help="YAML overriding keys of the shipped spec (see rules/spec.yaml)")
+    render.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
+                        help="directory to write the dashboards to (default: .)")
     return parser
 
 
@@ -123,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         argv.insert(0, "serve")
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "rules":
-        return _render_rules(args, parser)
+    if args.command in ("rules", "dashboards"):
+        return _render(args, parser)
     logging.basicConfig(level=args.log_level.upper().replace("WARN", "WARNING"), stream=sys.stderr,
                         format="%(asctime)s level=%(levelname)s %(name)s: %(message)s")
     try:
@@ -168,9 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _render_rules(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _render(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`rules render` and `dashboards render`: files from the spec, written to --out."""
     try:
-        files = rulepack.render(rulepack.load_spec(args.spec), args.target)
+        spec = rulepack.load_spec(args.spec)
+        files = rulepack.render(spec, args.target) if args.command == "rules" else dashboards.render(spec)
     except config.ConfigError as err:
         parser.error(str(err))
     try:

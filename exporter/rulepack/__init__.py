@@ -46,6 +46,13 @@ def load_spec(path: Path | None = None) -> dict[str, Any]:
     return spec if path is None else load_yaml(path, lambda override: merge(spec, override))
 
 
+def selector(spec: dict[str, Any], metric: str, source: str, *matchers: str) -> str:
+    """metric{<the source's selector>, matchers...}: every series selector of the rules and
+    dashboards goes through here; source is gpunode, node or dcgm (spec.selectors)."""
+    parts = [p for p in (spec["selectors"][source], *matchers) if p]
+    return f"{metric}{{{', '.join(parts)}}}"
+
+
 def _environment(spec: dict[str, Any], target: str) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FunctionLoader(lambda name: _PACKAGE.joinpath("templates", name).read_text()),
@@ -54,18 +61,16 @@ def _environment(spec: dict[str, Any], target: str) -> jinja2.Environment:
         comment_start_string="[#", comment_end_string="#]")
 
     def m(metric: str, source: str, *matchers: str) -> str:
-        """metric{<the source's selector>, matchers...}: every series selector goes through here."""
-        parts = [p for p in (spec["selectors"][source], *matchers) if p]
-        return f"{metric}{{{', '.join(parts)}}}"
+        return selector(spec, metric, source, *matchers)
 
     env.globals.update(spec=spec, target=target, m=m, node=spec["labels"]["node"],
                        peer=", ".join(spec["labels"]["peer_group"]))
-    env.filters["duration"] = _duration
-    env.filters["window"] = lambda seconds: f"[{_duration(seconds)}]"  # a range selector's [5m]
+    env.filters["duration"] = duration
+    env.filters["window"] = lambda seconds: f"[{duration(seconds)}]"  # a range selector's [5m]
     return env
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     """A Prometheus duration for a number of seconds: 240 -> 4m."""
     seconds = int(seconds)
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):

@@ -1,0 +1,218 @@
+"""The demo's processes: per node the exporter and node_exporter in the node's namespace; on
+the host Prometheus (the rule pack rendered from demo/spec.yaml), Alertmanager (the example
+config, receivers pointed at the webhook) and the webhook receiver."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import requests
+import yaml
+
+from demo.netns import Namespace, node_namespace
+from demo.node import SimulatedNode
+from demo.scenario import Scenario
+from demo.webhook import Received, Receiver
+from exporter.rulepack import load_spec, render
+
+REPO = Path(__file__).parent.parent
+DEMO_SPEC = Path(__file__).parent / "spec.yaml"
+ALERTMANAGER_EXAMPLE = REPO / "alertmanager" / "alertmanager.yml"
+SCRAPE_INTERVAL = "5s"  # demo/spec.yaml's intervals.default
+TOOLS = {"prometheus": "prometheus", "prometheus-alertmanager": "prometheus-alertmanager",
+         "prometheus-node-exporter": "prometheus-node-exporter", "ip": "iproute2"}
+EXPORTER_PORT, NODE_EXPORTER_PORT = 19835, 9100  # inside each node's namespace
+
+
+@dataclass(frozen=True)
+class Ports:
+    prometheus: int = 19090
+    alertmanager: int = 19093
+    webhook: int = 19099
+
+
+def missing_tools() -> list[str]:
+    """Debian packages whose programs are not installed."""
+    return sorted({package for tool, package in TOOLS.items() if shutil.which(tool) is None})
+
+
+class Stack:
+    """Everything running; leave the `with` block to stop it all and remove the namespaces."""
+
+    def __init__(self, scenarios: list[Scenario], workdir: Path, ports: Ports = Ports(),
+                 on_alert: Callable[[Received], None] = lambda _r: None,
+                 say: Callable[[str], None] = lambda _s: None) -> None:
+        self.scenarios, self.workdir, self.ports, self.say = scenarios, workdir, ports, say
+        self.webhook = Receiver(("127.0.0.1", ports.webhook), on_alert)
+        self.nodes: list[SimulatedNode] = []
+        self._exit = contextlib.ExitStack()
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._stop = threading.Event()
+        self.started = 0.0
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.prometheus}"
+
+    @property
+    def alertmanager_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.alertmanager}"
+
+    def __enter__(self) -> Stack:
+        try:
+            self._start()
+        except BaseException:
+            self._exit.close()
+            raise
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._exit.close()
+
+    def _start(self) -> None:
+        if os.geteuid() != 0:
+            raise SystemExit("demo: needs root (it creates network namespaces and mounts a tmpfs): sudo make demo")
+        if missing := missing_tools():
+            raise SystemExit(f"demo: not installed: {', '.join(missing)} "
+                             "(scripts/install-deps.sh --demo installs them)")
+        self._exit.enter_context(self.webhook)
+        namespaces: list[Namespace] = []
+        for index, scenario in enumerate(self.scenarios, start=1):
+            ns = self._exit.enter_context(node_namespace(index))
+            name = f"node-{scenario.name}"
+            taken = sum(n.scenario.name == scenario.name for n in self.nodes)
+            name += f"-{taken + 1}" if taken else ""
+            node = SimulatedNode(name, scenario, self.workdir / name)
+            node.root.mkdir(parents=True)
+            node.prepare()
+            self._exit.callback(node.close)
+            self.nodes.append(node)
+            namespaces.append(ns)
+        self._write_configs(namespaces)
+        self.started = time.monotonic()
+        for node, ns in zip(self.nodes, namespaces, strict=True):
+            self._spawn(f"{node.name}-exporter", self._exporter_command(node, ns))
+            self._spawn(f"{node.name}-node_exporter", [
+                "ip", "netns", "exec", ns.name, shutil.which("prometheus-node-exporter") or "",
+                f"--web.listen-address={ns.address}:{NODE_EXPORTER_PORT}",
+                "--no-collector.systemd"])  # the node's own; and a container may have no systemd
+        ticker = threading.Thread(target=self._tick, daemon=True)
+        ticker.start()
+        self._spawn("alertmanager", [
+            "prometheus-alertmanager", f"--config.file={self.workdir / 'alertmanager.yml'}",
+            f"--storage.path={self.workdir / 'alertmanager'}",
+            f"--web.listen-address=127.0.0.1:{self.ports.alertmanager}", "--cluster.listen-address="])
+        self._spawn("prometheus", [
+            "prometheus", f"--config.file={self.workdir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={self.workdir / 'prometheus'}",
+            f"--web.listen-address=127.0.0.1:{self.ports.prometheus}"])
+        for name, url in (("alertmanager", f"{self.alertmanager_url}/-/ready"),
+                          ("prometheus", f"{self.prometheus_url}/-/ready"),
+                          *((f"{n.name}-exporter", f"http://{ns.address}:{EXPORTER_PORT}/metrics")
+                            for n, ns in zip(self.nodes, namespaces, strict=True))):
+            self._wait_ready(name, url)
+
+    def _exporter_command(self, node: SimulatedNode, ns: Namespace) -> list[str]:
+        config = node.root / "exporter.yml"
+        config.write_text(yaml.safe_dump({"gpu": {"expected_count": len(node.scenario.nvml["gpus"])},
+                                          "staging": {"paths": [str(node.staging)]}}))
+        return ["ip", "netns", "exec", ns.name, sys.executable, "-m", "exporter",
+                "--path.procfs", str(node.procfs), "--path.sysfs", str(node.sysfs), "--path.kmsg", str(node.kmsg),
+                "--path.state", str(node.root / "state"), "--config.file", str(config),
+                "--nvml.simulate", str(node.scenario.nvml_file(node.root)),
+                "--web.listen-address", f"{ns.address}:{EXPORTER_PORT}"]
+
+    def _write_configs(self, namespaces: list[Namespace]) -> None:
+        rules = self.workdir / "rules"
+        rules.mkdir()
+        for name, text in render(load_spec(DEMO_SPEC), "prometheus").items():
+            (rules / name).write_text(text)
+
+        def targets(port: int) -> list[dict[str, Any]]:
+            # The rule pack joins the exporters of one node on `instance` (spec labels.node): give
+            # both the node's name. On a real cluster, relabel host:port to host (docs/install.md).
+            return [{"targets": [f"{ns.address}:{port}"], "labels": {"instance": node.name}}
+                    for node, ns in zip(self.nodes, namespaces, strict=True)]
+
+        prometheus = {
+            "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
+            "rule_files": [str(rules / "*.yml")],
+            "alerting": {"alertmanagers": [
+                {"static_configs": [{"targets": [f"127.0.0.1:{self.ports.alertmanager}"]}]}]},
+            "scrape_configs": [{"job_name": "gpunode", "static_configs": targets(EXPORTER_PORT)},
+                               {"job_name": "node", "static_configs": targets(NODE_EXPORTER_PORT)}],
+        }
+        (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(prometheus, sort_keys=False))
+        # The example's routes and inhibitions as shipped; only the receivers' URLs change.
+        am = yaml.safe_load(ALERTMANAGER_EXAMPLE.read_text())
+        for receiver in am["receivers"]:
+            for hook in receiver.get("webhook_configs", []):
+                hook["url"] = f"http://127.0.0.1:{self.ports.webhook}/{receiver['name']}"
+        (self.workdir / "alertmanager.yml").write_text(yaml.safe_dump(am, sort_keys=False))
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        logs = self.workdir / "logs"
+        logs.mkdir(exist_ok=True)
+        log: IO[bytes] = self._exit.enter_context((logs / f"{name}.log").open("wb"))
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+        self._procs[name] = proc
+        self._exit.callback(_stop_process, proc)
+
+    def _wait_ready(self, name: str, url: str, seconds: float = 60) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self._procs[name].poll() is not None:
+                raise RuntimeError(f"demo: {name} exited ({self._procs[name].returncode}); "
+                                   f"see {self.workdir}/logs/{name}.log")
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(url, timeout=2).ok:
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f"demo: {name} not ready after {seconds:.0f} s; see {self.workdir}/logs/{name}.log")
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def _tick(self) -> None:
+        """Advance every node's files once a second; say what happens as it happens."""
+        last = 0.0
+        while not self._stop.wait(1.0 - (self.elapsed() % 1.0)):
+            t = self.elapsed()
+            for node in self.nodes:
+                for event in node.events(last, t):
+                    self.say(f"{t:5.0f} s  {node.name}: {event}")
+                node.tick(t, t - last)
+            last = t
+
+    def failed(self) -> list[str]:
+        """Processes that exited."""
+        return [name for name, proc in self._procs.items() if proc.poll() is not None]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query against the demo's Prometheus."""
+        reply = requests.get(f"{self.prometheus_url}/api/v1/query", params={"query": expr}, timeout=10)
+        reply.raise_for_status()
+        return reply.json()["data"]["result"]
+
+
+def _stop_process(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 15)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
