@@ -19,6 +19,8 @@ fi
 if [ "$want_test" = 1 ]; then
   command -v prometheus-process-exporter >/dev/null || need_apt+=(prometheus-process-exporter)
   command -v vmalert >/dev/null || need_apt+=(victoria-metrics)
+  # tests/test_systemd.py: systemd-analyze verify/security, systemd-sysusers, systemd-tmpfiles.
+  command -v systemd-analyze >/dev/null || need_apt+=(systemd)
   # tests/test_ethtool.py compares the exporter's SIOCETHTOOL reader with `ethtool -S`.
   command -v ethtool >/dev/null || [ -x /usr/sbin/ethtool ] || [ -x /sbin/ethtool ] || need_apt+=(ethtool)
 fi
