@@ -3,7 +3,7 @@
 ARGS ?=
 PY := .venv/bin/python
 
-.PHONY: demo run test lint bench golden readme rules dashboards
+.PHONY: demo run test lint bench golden readme rules dashboards fleet
 demo:  # root: network namespaces, a tmpfs; ARGS="--scenario healthy", "--duration 0" (until Ctrl-C)
 	scripts/install-deps.sh --demo
 	$(PY) -m demo $(ARGS)
@@ -14,11 +14,11 @@ run:
 
 test:
 	scripts/install-deps.sh --test
-	.venv/bin/ruff check exporter tests benchmarks scripts demo
+	.venv/bin/ruff check exporter tests benchmarks scripts demo fleet
 	$(PY) -m pytest
 
 lint:
-	.venv/bin/ruff check exporter tests benchmarks scripts demo
+	.venv/bin/ruff check exporter tests benchmarks scripts demo fleet
 
 bench:  # GPU collector vs naive pynvml (~40 s), NFS vs node_exporter, GPU processes vs process-exporter (root, ~2.5 min)
 	scripts/install-deps.sh --test
@@ -39,3 +39,7 @@ rules:  # regenerate rules/prometheus and rules/vmalert from the spec and templa
 
 dashboards:  # regenerate dashboards/ from the code in exporter/dashboards and the rule pack's spec
 	.venv/bin/gpunode-exporter dashboards render --out dashboards
+
+fleet:  # detection quality: simulate the standard fleet, replay the rule pack on Prometheus and VictoriaMetrics, write docs/fleet-results.md
+	scripts/install-deps.sh --test
+	$(PY) -m fleet --out docs/fleet-results.md

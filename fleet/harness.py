@@ -1,0 +1,239 @@
+"""Load a simulated fleet into a real backend and replay the rule pack over the whole range.
+
+Two backends, each a real server from Debian's packages:
+- prometheus: the series backfilled as TSDB blocks (`promtool tsdb create-blocks-from
+  openmetrics`), Prometheus serving them with its remote-write receiver on;
+- victoriametrics: the series imported through /api/v1/import.
+On both, vmalert's replay mode steps through the range at each group's interval, asks the
+backend's own query engine (PromQL in Prometheus, MetricsQL in VictoriaMetrics) for every
+rule, honours `for:`, and writes recording rules and ALERTS back through remote write, so
+later rules read earlier ones. The rules are the pack's vmalert target (vmalert 1.79 rejects
+keep_firing_for, which is therefore not measured).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import requests
+import yaml
+
+from exporter.rulepack import load_spec, render
+from fleet.simulate import Fleet, Series
+
+BACKENDS = ("prometheus", "victoriametrics")
+TOOLS = {"prometheus": ("prometheus", "promtool"), "victoriametrics": ("victoria-metrics",), "vmalert": ("vmalert",)}
+
+
+@dataclass(frozen=True)
+class Firing:
+    alertname: str
+    labels: dict[str, str]
+    start: float  # unix seconds of the first firing evaluation of an episode
+    end: float  # of the last
+
+
+def missing_tools() -> list[str]:
+    return [tool for tools in TOOLS.values() for tool in tools if shutil.which(tool) is None]
+
+
+def _labels(series: Series) -> str:
+    return ",".join(f'{k}="{v}"' for k, v in series.labels)
+
+
+def write_openmetrics(series: Iterable[Series], timestamps: np.ndarray, path: Path) -> int:
+    """OpenMetrics text for promtool, samples in time order per series; returns the sample count."""
+    stamps = [f"{ts:.0f}" for ts in timestamps]
+    count = 0
+    with path.open("w") as out:
+        for s in series:
+            prefix = f"{s.name}{{{_labels(s)}}} "
+            keep = ~np.isnan(s.values)
+            values = [repr(float(v)) for v in s.values[keep]]
+            out.write("\n".join(prefix + v + " " + ts for v, ts in zip(values, np.asarray(stamps)[keep], strict=True)))
+            out.write("\n")
+            count += len(values)
+        out.write("# EOF\n")
+    return count
+
+
+def write_vm_import(series: Iterable[Series], timestamps: np.ndarray, path: Path) -> int:
+    """VictoriaMetrics' JSON line import format: one line per series."""
+    millis = (timestamps * 1000).astype(np.int64)
+    count = 0
+    with path.open("w") as out:
+        for s in series:
+            keep = ~np.isnan(s.values)
+            metric = {"__name__": s.name, **dict(s.labels)}
+            out.write(json.dumps({"metric": metric, "values": s.values[keep].tolist(),
+                                  "timestamps": millis[keep].tolist()}) + "\n")
+            count += int(keep.sum())
+    return count
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(url, timeout=2).ok:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready after {seconds:.0f} s")
+
+
+@contextlib.contextmanager
+def _server(argv: list[str], ready: str, log: Path) -> Iterator[None]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            _wait(ready, proc)
+            yield
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@dataclass
+class Run:
+    backend: str
+    firing: list[Firing]
+    seconds_load: float
+    seconds_replay: float
+    samples: int
+
+
+def run(backend: str, fleet: Fleet, workdir: Path, port: int, spec_path: Path | None = None) -> Run:
+    """Load the fleet into backend, replay the rule pack, return the alert episodes."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    rules = workdir / "rules"
+    rules.mkdir(exist_ok=True)
+    spec = load_spec(spec_path)
+    rule_files = [_without_annotations(yaml.safe_load(text)) for text in render(spec, "vmalert").values()]
+    for n, rule_file in enumerate(rule_files):
+        (rules / f"{n}.yml").write_text(yaml.safe_dump(rule_file, sort_keys=False))
+    began = time.monotonic()
+    url = f"http://127.0.0.1:{port}"
+    if backend == "prometheus":
+        text = workdir / "series.om"
+        samples = write_openmetrics(fleet.series(), fleet.timestamps, text)
+        data = workdir / "prometheus-data"
+        subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(text), str(data)],
+                       check=True, capture_output=True)
+        text.unlink()
+        config = workdir / "prometheus.yml"
+        # Recording rules and ALERTS arrive by remote write with past timestamps: accept them.
+        window = int(fleet.s.duration // 3600 + 48)
+        config.write_text("global: {scrape_interval: 30s}\n"
+                          f"storage: {{tsdb: {{out_of_order_time_window: {window}h}}}}\n")
+        server = ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={data}",
+                  f"--web.listen-address=127.0.0.1:{port}", "--web.enable-remote-write-receiver",
+                  "--storage.tsdb.retention.time=10y", "--query.lookback-delta=5m"]
+        write_url, ready = url, f"{url}/-/ready"  # vmalert appends /api/v1/write
+    else:
+        data = workdir / "vm-data"
+        server = ["victoria-metrics", f"-storageDataPath={data}", f"-httpListenAddr=127.0.0.1:{port}",
+                  "-retentionPeriod=100y", "-search.disableCache", "-search.latencyOffset=0s"]
+        write_url, ready = url, f"{url}/health"
+        samples = 0
+    with _server(server, ready, workdir / f"{backend}.log"):
+        if backend == "victoriametrics":
+            lines = workdir / "series.jsonl"
+            samples = write_vm_import(fleet.series(), fleet.timestamps, lines)
+            with lines.open("rb") as body:
+                requests.post(f"{url}/api/v1/import", data=body, timeout=3600).raise_for_status()
+            requests.get(f"{url}/internal/force_flush", timeout=60)
+            lines.unlink()
+        loaded = time.monotonic()
+        end = fleet.timestamps[-1] + fleet.s.step
+        replay = subprocess.run(
+            ["vmalert", f"-rule={rules}/*.yml", f"-datasource.url={url}", f"-remoteWrite.url={write_url}",
+             f"-replay.timeFrom={_rfc3339(fleet.timestamps[0])}", f"-replay.timeTo={_rfc3339(end)}",
+             "-replay.maxDatapointsPerQuery=10000", "-replay.rulesDelay=1s", "-replay.disableProgressBar",
+             "-remoteWrite.flushInterval=100ms", "-datasource.lookback=0s"],
+            capture_output=True, text=True)
+        if replay.returncode != 0:
+            raise RuntimeError(f"vmalert replay failed: {replay.stderr[-2000:]}")
+        (workdir / "vmalert-replay.log").write_text(replay.stderr)
+        time.sleep(2)
+        if backend == "victoriametrics":
+            requests.get(f"{url}/internal/force_flush", timeout=60)
+        firing = _alerts(url, fleet.timestamps[0], end, spec["intervals"]["default"], _holds(rule_files))
+    return Run(backend, firing, loaded - began, time.monotonic() - loaded, samples)
+
+
+def _without_annotations(rule_file: dict[str, Any]) -> dict[str, Any]:
+    """vmalert's replay cannot run the annotations' `query` templates; annotations do not decide firing."""
+    for group in rule_file["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    return rule_file
+
+
+def _rfc3339(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def _alerts(url: str, start: float, end: float, step: float, holds: dict[str, float]) -> list[Firing]:
+    """Alert episodes from the ALERTS series the replay wrote back.
+
+    vmalert 1.79's replay writes an alert with `for:` as pending while its expression holds
+    but never turns it to firing (seen on both backends). So `for:` is applied here, as
+    Prometheus does: an episode is a run of consecutive evaluations where the alert is
+    pending or firing, and it fires from the run's start + `for` if the run lasts that long.
+    """
+    runs: dict[tuple[tuple[str, str], ...], set[float]] = {}
+    chunk = step * 10000
+    at = start
+    while at < end:
+        reply = requests.get(f"{url}/api/v1/query_range", timeout=600, params={
+            "query": "ALERTS", "start": at, "end": min(end, at + chunk), "step": step})
+        reply.raise_for_status()
+        for result in reply.json()["data"]["result"]:
+            key = tuple(sorted((k, v) for k, v in result["metric"].items() if k not in ("__name__", "alertstate")))
+            runs.setdefault(key, set()).update(float(v[0]) for v in result["values"])
+        at += chunk + step
+    episodes = []
+    for key, stamps in runs.items():
+        labels = dict(key)
+        hold = holds.get(labels.get("alertname", ""), 0.0)
+        times = sorted(stamps)
+        first = times[0]
+        for previous, current in zip(times, [*times[1:], None], strict=True):
+            if current is None or current - previous > 1.5 * step:
+                if previous - first >= hold:
+                    episodes.append(Firing(labels.get("alertname", "?"), labels, first + hold, previous))
+                first = current if current is not None else first
+    return episodes
+
+
+def _holds(rule_files: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """Alert name -> its `for:` in seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    holds = {}
+    for rule_file in rule_files:
+        for group in rule_file["groups"]:
+            for rule in group["rules"]:
+                if "alert" in rule:
+                    text = str(rule.get("for", "0s"))
+                    holds[rule["alert"]] = float(sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([smhd])", text)))
+    return holds
+
+
+def run_all(fleet: Fleet, workdir: Path, ports: dict[str, int], backends: Iterable[str] = BACKENDS,
+            spec_path: Path | None = None) -> dict[str, Any]:
+    return {b: run(b, fleet, workdir / b, ports[b], spec_path) for b in backends}

@@ -1,0 +1,85 @@
+"""A fleet scenario file: the fleet, its training job, the faults with their onsets, the distractors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from exporter.config import ConfigError, load_yaml
+from exporter.nvmlsim.scenario import seconds
+
+SHIPPED = Path(__file__).parent / "scenarios"
+# Fault kinds and what they model (docs/fleet.md).
+FAULTS = ("xid79_collapse", "getattr_spike", "uncorrectable_steps", "correctable_acceleration",
+          "failslow", "pcie_downgrade", "nfs_saturation")
+DISTRACTORS = ("short_spike", "drain", "leave", "join")
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    node: int
+    at: float  # seconds from the start: a fault's onset, a distractor's start
+    gpu: int = 0
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def param(self, name: str, default: Any) -> Any:
+        return dict(self.params).get(name, default)
+
+    def duration(self, name: str, default: float) -> float:
+        return seconds(self.param(name, default), f"{self.kind}.{name}")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    nodes: int
+    duration: float
+    step: float
+    seed: int
+    checkpoint_every: float  # every node saves at once (seed 000: 133.5 min)
+    sessions: tuple[tuple[float, float], ...]  # (start, end) of training sessions; idle between
+    faults: tuple[Event, ...]
+    distractors: tuple[Event, ...]
+
+
+def _events(data: Any, where: str, kinds: tuple[str, ...], nodes: int) -> tuple[Event, ...]:
+    if not isinstance(data, list):
+        raise ConfigError(f"{where}: want a list")
+    events = []
+    for n, item in enumerate(data):
+        if not isinstance(item, dict) or not {"kind", "node", "at"} <= set(item):
+            raise ConfigError(f"{where}[{n}]: want a mapping with kind, node and at")
+        if item["kind"] not in kinds:
+            raise ConfigError(f"{where}[{n}].kind: want one of {', '.join(kinds)}, got {item['kind']!r}")
+        if not 0 <= int(item["node"]) < nodes:
+            raise ConfigError(f"{where}[{n}].node: want 0 to {nodes - 1}")
+        params = tuple(sorted((k, v) for k, v in item.items() if k not in ("kind", "node", "at", "gpu")))
+        events.append(Event(item["kind"], int(item["node"]), seconds(item["at"], f"{where}[{n}].at"),
+                            int(item.get("gpu", 0)), params))
+    return tuple(events)
+
+
+def _build(name: str, data: Any) -> Scenario:
+    known = {"description", "nodes", "duration", "step", "seed", "checkpoint_every", "sessions", "faults",
+             "distractors"}
+    if not isinstance(data, dict):
+        raise ConfigError("want a mapping")
+    if unknown := set(data) - known:
+        raise ConfigError(f"unknown key '{sorted(unknown)[0]}'")
+    nodes = int(data.get("nodes", 60))
+    duration = seconds(data.get("duration", "7d"), "duration")
+    sessions = tuple((seconds(s[0], "sessions"), seconds(s[1], "sessions")) for s in
+                     data.get("sessions", [[0, duration]]))
+    return Scenario(name, nodes, duration, seconds(data.get("step", 30), "step"), int(data.get("seed", 1)),
+                    seconds(data.get("checkpoint_every", "133m"), "checkpoint_every"),
+                    sessions, _events(data.get("faults", []), "faults", FAULTS, nodes),
+                    _events(data.get("distractors", []), "distractors", DISTRACTORS, nodes))
+
+
+def load(name_or_path: str) -> Scenario:
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = SHIPPED / f"{name_or_path}.yaml"
+    return load_yaml(path, lambda data: _build(path.stem, data))

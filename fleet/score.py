@@ -1,0 +1,107 @@
+"""Alerts against the truth: per fault class and overall, precision, recall, lead time, false alerts.
+
+An alert episode (an alert's labels firing over consecutive evaluations) detects a fault when
+it fires on the fault's node within the fault's window and its name is one of the class's
+detecting alerts. Lead time is the first detecting episode's start minus the fault's
+reference time (the XID, the slowdown's onset, the GPU's loss): negative = before it.
+Episodes of severity info (advice, e.g. the checkpoint interval) are not counted as alerts.
+An episode matching no fault is false; false alerts are counted per 1,000 healthy node-days
+(node time outside every fault window).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleet.harness import Firing
+from fleet.simulate import Truth
+
+DETECTS = {
+    "xid79_collapse": {"GpuXidHardwareFault", "GpuNodePrecursorMultiSignal", "GpuDown"},
+    "getattr_spike": {"GpuNodePrecursorMultiSignal", "GpuXidApplicationFault", "GpuXidHardwareFault"},
+    "uncorrectable_steps": {"GpuRowRemapUncorrectableIncrease", "GpuXidApplicationFault"},
+    "correctable_acceleration": {"GpuRowRemapCorrectableAcceleration"},
+    "failslow": {"GpuNodeFailSlow"},
+    "pcie_downgrade": {"GpuPcieLinkDegraded", "GpuNodePrecursorMultiSignal", "GpuNodeFailSlow"},
+    "nfs_saturation": {"NfsSlotTableSaturated", "NfsSlotWaitDominates", "NfsBandwidthParadox"},
+}
+# Alerts that a fault also sets off, which are right but not how we detect it (GpuDown after
+# the Xid 79, for instance): matched to the fault, not counted false.
+CONSEQUENCES = {"GpuDown", "GpuXidHardwareFault", "GpuXidApplicationFault", "GpuRowRemapPending",
+                "GpuXidRepeatedHardwareFaults", "GpuRecoveryActionRequired", "NfsSlotWaitDominates",
+                "NfsBandwidthParadox"}
+
+
+@dataclass(frozen=True)
+class ClassScore:
+    kind: str
+    faults: int
+    detected: int
+    alerts: int  # episodes attributed to this class
+    true_alerts: int
+    leads: tuple[float, ...]  # seconds, per detected fault
+
+    @property
+    def recall(self) -> float:
+        return self.detected / self.faults if self.faults else float("nan")
+
+    @property
+    def precision(self) -> float:
+        return self.true_alerts / self.alerts if self.alerts else float("nan")
+
+
+@dataclass(frozen=True)
+class Score:
+    classes: tuple[ClassScore, ...]
+    false_alerts: tuple[Firing, ...]
+    healthy_node_days: float
+    episodes: int
+
+    @property
+    def false_per_1000_node_days(self) -> float:
+        return 1000 * len(self.false_alerts) / self.healthy_node_days if self.healthy_node_days else float("nan")
+
+    @property
+    def precision(self) -> float:
+        true = sum(c.true_alerts for c in self.classes)
+        return true / (true + len(self.false_alerts)) if true + len(self.false_alerts) else float("nan")
+
+    @property
+    def recall(self) -> float:
+        faults = sum(c.faults for c in self.classes)
+        return sum(c.detected for c in self.classes) / faults if faults else float("nan")
+
+
+def score(firing: list[Firing], truth: list[Truth], nodes: list[str], span: float) -> Score:
+    alerts = [f for f in firing if f.labels.get("severity") != "info"]
+    node_of = {id(f): f.labels.get("instance", "") for f in alerts}
+    matched: set[int] = set()
+    classes = []
+    for kind in sorted({t.kind for t in truth}):
+        faults = [t for t in truth if t.kind == kind]
+        detected, leads, true_alerts = 0, [], 0
+        for fault in faults:
+            hits = [f for f in alerts if node_of[id(f)] == fault.node and f.end >= fault.start and f.start <= fault.end]
+            detecting = [f for f in hits if f.alertname in DETECTS[kind]]
+            for f in hits:
+                if f.alertname in DETECTS[kind] or f.alertname in CONSEQUENCES:
+                    if id(f) not in matched:
+                        true_alerts += 1
+                    matched.add(id(f))
+            if detecting:
+                detected += 1
+                leads.append(min(f.start for f in detecting) - fault.onset)
+        classes.append(ClassScore(kind, len(faults), detected, true_alerts, true_alerts, tuple(leads)))
+    false = tuple(f for f in alerts if id(f) not in matched)
+    fault_time = sum(t.end - t.start for t in truth)
+    healthy = (len(nodes) * span - fault_time) / 86400
+    return Score(tuple(classes), false, healthy, len(alerts))
+
+
+def lead_summary(leads: tuple[float, ...]) -> tuple[float, float]:
+    """(median, p90) in seconds; NaN without any."""
+    if not leads:
+        return float("nan"), float("nan")
+    return float(np.median(leads)), float(np.percentile(leads, 90))
