@@ -1,7 +1,17 @@
-"""The systemd unit: `systemd-analyze verify` accepts it, its offline security exposure is what
-docs/install.md says (and at most 3.0), the sysusers/tmpfiles files apply, and the capabilities it
-grants are exactly those the collectors need: with them an unprivileged user reads /dev/kmsg and
-another user's /proc/PID/{io,fd}; without any one of them it cannot."""
+"""The systemd unit and docs/install.md.
+
+- `systemd-analyze verify` accepts the shipped unit; the sysusers and tmpfiles files apply.
+- Its offline security exposure is at most 3.0, and the score and the table of remaining
+  items in docs/install.md are the tool's (the docs cannot drift).
+- The capabilities it grants are the ones docs/install.md names, and they are what the
+  collectors need, tested rather than claimed: as nobody with exactly those capabilities
+  (setpriv, no systemd needed), `gpunode-exporter dump` reads the kernel log and counts a
+  root process that holds /dev/nvidia0; without any one of them it cannot, and the kernel
+  refuses the underlying read.
+- MemoryDenyWriteExecute does not stop the simulated NVML's ctypes callbacks.
+- The scrape config in docs/install.md is docs/rules.md's, uses the rule pack's job names,
+  and promtool accepts it.
+"""
 
 from __future__ import annotations
 
@@ -14,116 +24,253 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).parent.parent
 UNIT = ROOT / "systemd" / "gpunode-exporter.service"
+SYSUSERS = ROOT / "systemd" / "gpunode-exporter.sysusers"
+TMPFILES = ROOT / "systemd" / "gpunode-exporter.tmpfiles"
 INSTALL_DOC = ROOT / "docs" / "install.md"
-EXPOSURE = re.compile(r"Overall exposure level for \S+: (\d+\.\d)")
+RULES_DOC = ROOT / "docs" / "rules.md"
+SPEC = ROOT / "exporter" / "rulepack" / "spec.yaml"
+SCENARIO = ROOT / "exporter" / "nvmlsim" / "scenarios" / "healthy-h100.yaml"
+NOBODY = "65534"
 
 
 def _tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.skip(f"{name} not installed (Debian's systemd package)")
+        pytest.skip(f"{name} not installed (Debian's systemd / util-linux packages)")
     return path
 
 
+def _setting(name: str) -> str:
+    values = re.findall(rf"^{name}=(.*)$", UNIT.read_text(), re.M)
+    assert len(values) == 1, f"{name}= set {len(values)} times in the unit"
+    return values[0]
+
+
 def _unit_capabilities() -> list[str]:
-    caps = re.search(r"^AmbientCapabilities=(.+)$", UNIT.read_text(), re.M)
-    bounding = re.search(r"^CapabilityBoundingSet=(.+)$", UNIT.read_text(), re.M)
-    assert caps and bounding and caps.group(1) == bounding.group(1)
-    return caps.group(1).split()
+    caps = _setting("AmbientCapabilities").split()
+    assert caps == _setting("CapabilityBoundingSet").split(), "the bounding and ambient sets differ"
+    return caps
+
+
+def _doc_section(title: str) -> str:
+    text = INSTALL_DOC.read_text()
+    start = text.index(f"\n{title}\n")
+    end = text.find("\n#", start + len(title) + 2)
+    return text[start:end if end >= 0 else None]
+
+
+# --- the unit file ---------------------------------------------------------------------------
+
+def _verify(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([_tool("systemd-analyze"), "verify", f"--root={root}", "--man=no", "--generators=no",
+                           UNIT.name], capture_output=True, text=True, timeout=30)
 
 
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
-    """Against a root holding the unit, systemd's own units and the ExecStart path (verify checks it exists)."""
-    analyze = _tool("systemd-analyze")
-    binary = tmp_path / "opt" / "gpunode-exporter" / "bin" / "gpunode-exporter"
-    binary.parent.mkdir(parents=True)
-    binary.write_text("#!/bin/sh\n")
-    binary.chmod(0o755)
+    """The shipped unit, unchanged, in a scratch root with systemd's units. verify insists that ExecStart's
+    binary exists (inside --root): a stand-in sits at the unit's own path, nothing in the unit is replaced."""
+    _tool("systemd-analyze")
     (tmp_path / "etc" / "systemd" / "system").mkdir(parents=True)
     (tmp_path / "usr" / "lib" / "systemd").mkdir(parents=True)
     shutil.copytree("/lib/systemd/system", tmp_path / "usr" / "lib" / "systemd" / "system", symlinks=True)
-    shutil.copy(UNIT, tmp_path / "etc" / "systemd" / "system")
-    out = subprocess.run([analyze, "verify", f"--root={tmp_path}", "--man=no", "--generators=no", UNIT.name],
-                         capture_output=True, text=True)
+    installed = tmp_path / "etc" / "systemd" / "system" / UNIT.name
+    shutil.copy(UNIT, installed)
+    # Without the binary, verify fails: the check is real, and looks inside --root.
+    binary = _setting("ExecStart").split()[0]
+    assert binary in _verify(tmp_path).stderr
+    stand_in = tmp_path / binary.lstrip("/")
+    stand_in.parent.mkdir(parents=True)
+    stand_in.write_text("#!/bin/sh\n")
+    stand_in.chmod(0o755)
+    out = _verify(tmp_path)
     assert out.returncode == 0 and not out.stderr.strip(), out.stderr
-    # And it does complain: an unknown key makes it fail.
-    broken = tmp_path / "etc" / "systemd" / "system" / UNIT.name
-    broken.write_text(UNIT.read_text().replace("[Service]", "[Service]\nNoSuchSetting=1"))
-    out = subprocess.run([analyze, "verify", f"--root={tmp_path}", "--man=no", "--generators=no", UNIT.name],
-                         capture_output=True, text=True)
-    assert "NoSuchSetting" in out.stderr
+    # And it reads what it is given: an unknown key fails.
+    installed.write_text(UNIT.read_text().replace("[Service]", "[Service]\nNoSuchSetting=1"))
+    assert "NoSuchSetting" in _verify(tmp_path).stderr
 
 
 def test_security_exposure_is_documented_and_at_most_3() -> None:
     out = subprocess.run([_tool("systemd-analyze"), "security", "--offline=true", str(UNIT)],
-                         capture_output=True, text=True)
-    found = EXPOSURE.search(out.stdout + out.stderr)
+                         capture_output=True, text=True, timeout=30)
+    found = re.search(r"Overall exposure level for \S+: (\d+\.\d)", out.stdout + out.stderr)
     assert found, out.stdout + out.stderr
-    assert float(found.group(1)) <= 3.0
-    assert f"exposure level: **{found.group(1)}**" in INSTALL_DOC.read_text(), "docs/install.md: update the score"
+    score = found.group(1)
+    assert float(score) <= 3.0
+    section = _doc_section("### Security score")
+    assert f"exposure level of **{score}**" in section, f"docs/install.md: the score is now {score}"
+    measured = dict(re.findall(r"^✗ (\S+)\s.*?(\d\.\d)\s*$", out.stdout, re.M))
+    documented = {name.replace("\\|", "|"): weight
+                  for name, weight in re.findall(r"^\| `([^`]+)` \| (\d\.\d) \|", section, re.M)}
+    assert documented == measured, "docs/install.md: the table of remaining items differs from the tool's"
 
 
 def test_documented_capabilities_are_the_units() -> None:
-    caps = _unit_capabilities()
-    assert caps == ["CAP_SYSLOG", "CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE"]
-    assert f"`{' '.join(caps)}`" in INSTALL_DOC.read_text()
+    documented = re.search(r"^Capabilities: `([A-Z_ ]+)`", INSTALL_DOC.read_text(), re.M)
+    assert documented, "docs/install.md: the 'Capabilities: `...`' line is gone"
+    assert _unit_capabilities() == documented.group(1).split()
 
 
 def test_sysusers_and_tmpfiles_apply(tmp_path: Path) -> None:
     sysusers, tmpfiles = _tool("systemd-sysusers"), _tool("systemd-tmpfiles")
-    for kind, source in (("sysusers.d", "gpunode-exporter.sysusers"), ("tmpfiles.d", "gpunode-exporter.tmpfiles")):
-        (tmp_path / "usr" / "lib" / kind).mkdir(parents=True)
-        shutil.copy(ROOT / "systemd" / source, tmp_path / "usr" / "lib" / kind / "gpunode-exporter.conf")
-    (tmp_path / "etc").mkdir()
-    subprocess.run([sysusers, f"--root={tmp_path}"], check=True, capture_output=True)
-    passwd = (tmp_path / "etc" / "passwd").read_text()
-    assert re.search(r"^gpunode-exporter:x:\d+:\d+:.*:/var/lib/gpunode-exporter:/usr/sbin/nologin$", passwd, re.M)
-    subprocess.run([tmpfiles, f"--root={tmp_path}", "--create"], check=True, capture_output=True)
-    state = tmp_path / "var" / "lib" / "gpunode-exporter"
-    assert state.is_dir() and state.stat().st_mode & 0o777 == 0o700
-
-
-# --- the capabilities, exercised without systemd: setpriv gives an unprivileged user exactly these.
-
-@pytest.fixture
-def other_users_process() -> Iterator[int]:
     if os.geteuid() != 0:
-        pytest.skip("switching users needs root")
+        pytest.skip("the state directory is chowned to the new user: needs root")
+    for kind, source in (("sysusers.d", SYSUSERS), ("tmpfiles.d", TMPFILES)):
+        (tmp_path / "etc" / kind).mkdir(parents=True)
+        shutil.copy(source, tmp_path / "etc" / kind / "gpunode-exporter.conf")
+    subprocess.run([sysusers, f"--root={tmp_path}"], check=True, capture_output=True, timeout=30)
+    user = _setting("User")
+    assert user == _setting("Group")
+    passwd = (tmp_path / "etc" / "passwd").read_text()
+    assert re.search(rf"^{user}:x:\d+:\d+:.*:/var/lib/{user}:/usr/sbin/nologin$", passwd, re.M), passwd
+    assert re.search(rf"^{user}:x:\d+:", (tmp_path / "etc" / "group").read_text(), re.M)
+    subprocess.run([tmpfiles, f"--root={tmp_path}", "--create"], check=True, capture_output=True, timeout=30)
+    state = tmp_path / "var" / "lib" / _setting("StateDirectory")
+    assert state.is_dir() and state.stat().st_mode & 0o777 == int(_setting("StateDirectoryMode"), 8)
+
+
+# --- the scrape config -----------------------------------------------------------------------
+
+def _scrape_config(doc: Path) -> str:
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", doc.read_text(), re.S) if "scrape_configs:" in b]
+    assert len(blocks) == 1, f"{doc.name}: {len(blocks)} scrape_configs blocks"
+    return blocks[0]
+
+
+def test_scrape_config_is_the_rule_packs(tmp_path: Path) -> None:
+    block = _scrape_config(INSTALL_DOC)
+    assert block == _scrape_config(RULES_DOC), "docs/install.md and docs/rules.md show different scrape configs"
+    jobs = {job["job_name"]: job for job in yaml.safe_load(block)["scrape_configs"]}
+    selectors = yaml.safe_load(SPEC.read_text())["selectors"]
+    assert set(jobs) == {re.fullmatch(r'job="([^"]+)"', s).group(1) for s in selectors.values()}
+    # Every job's instance becomes the bare host (Prometheus anchors relabel regexes).
+    for job in jobs.values():
+        (rule,) = job["relabel_configs"]
+        for target in job["static_configs"][0]["targets"]:
+            host = target.split(":")[0]
+            assert re.fullmatch(rule["regex"], target).expand(rule["replacement"].replace("$1", r"\1")) == host
+    if shutil.which("promtool"):
+        (tmp_path / "prometheus.yml").write_text(block)
+        out = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --- the capabilities, exercised without systemd: setpriv gives nobody exactly these -----------------
+
+# A root "training process" holding /dev/nvidia0 open: in a private mount namespace, a /dev of its own
+# (the null device's numbers), as tests/test_gpu_processes.py does. /proc shows the fd's target as
+# /dev/nvidia0, as on a GPU node.
+PRIVATE_DEV = ("mount -t tmpfs tmpfs /dev && mknod /dev/null c 1 3 && mknod /dev/nvidia0 c 1 3 && "
+               "exec {python} -c \"$0\"")
+HOLDER = ("import os, sys\ngpu = open('/dev/nvidia0')\nos.pread(os.open('/proc/self/stat', os.O_RDONLY), 4096, 0)\n"
+          "print(gpu.fileno(), flush=True)\nsys.stdin.readline()\n")
+
+
+class GpuProcess:
+    def __init__(self, pid: int, gpu_fd: int) -> None:
+        self.pid, self.gpu_fd = pid, gpu_fd
+
+
+@pytest.fixture(scope="module")
+def gpu_process() -> Iterator[GpuProcess]:
+    if os.geteuid() != 0:
+        pytest.skip("switching users and a private /dev need root")
     _tool("setpriv")
-    proc = subprocess.Popen(["sleep", "60"])
-    yield proc.pid
-    proc.kill()
-    proc.wait()
+    _tool("unshare")
+    holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                               PRIVATE_DEV.format(python=sys.executable), HOLDER],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        yield GpuProcess(holder.pid, int(holder.stdout.readline()))  # unshare and sh exec: same PID
+    finally:
+        holder.communicate("\n", timeout=10)
 
 
 def _as_nobody(caps: list[str], *argv: str) -> subprocess.CompletedProcess[str]:
-    names = ",".join(f"+{c.removeprefix('CAP_').lower()}" for c in caps)
-    setcaps = [f"--inh-caps={names}", f"--ambient-caps={names}"] if caps else []
-    return subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *setcaps, *argv],
-                          capture_output=True, text=True, cwd=ROOT)
+    """argv as nobody with `caps` in the bounding, inheritable and ambient sets and no new privileges,
+    the credentials the unit gives (without its sandbox)."""
+    names = "".join(f",+{c.removeprefix('CAP_').lower()}" for c in caps)
+    return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                           f"--bounding-set=-all{names}", f"--inh-caps=-all{names}",
+                           f"--ambient-caps=-all{names}", "--no-new-privs", *argv],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
 
 
-def test_the_units_capabilities_suffice(other_users_process: int, tmp_path: Path) -> None:
-    caps = _unit_capabilities()
-    tmp_path.chmod(0o777)
-    dump = _as_nobody(caps, sys.executable, "-m", "exporter", "dump", "--collector.disable-defaults",
-                      "--collector.xid", "--path.state", str(tmp_path))
-    read = re.search(r"^gpunode_kmsg_records_read_total (\S+)$", dump.stdout, re.M)
-    assert read and float(read.group(1)) > 0, dump.stdout + dump.stderr
-    assert _as_nobody(caps, "cat", f"/proc/{other_users_process}/io").returncode == 0
-    assert _as_nobody(caps, "readlink", f"/proc/{other_users_process}/fd/0").returncode == 0
+def _dump(caps: list[str], state: Path) -> dict[str, float]:
+    state.chmod(0o777)
+    out = _as_nobody(caps, sys.executable, "-m", "exporter", "dump", "--collector.disable-defaults",
+                     "--collector.xid", "--collector.gpu_processes", "--path.state", str(state))
+    if out.returncode != 0 and "CAP_DAC_READ_SEARCH" not in caps and "Permission denied" in out.stderr:
+        pytest.skip(f"{sys.executable} cannot start as nobody without CAP_DAC_READ_SEARCH (under /root?)")
+    assert out.returncode == 0, out.stderr
+    samples = re.findall(r"^(gpunode_\S+) (\S+)$", out.stdout, re.M)
+    return {series: float(value) for series, value in samples}
+
+
+def test_the_units_capabilities_suffice(gpu_process: GpuProcess, tmp_path: Path) -> None:
+    m = _dump(_unit_capabilities(), tmp_path)
+    assert m['gpunode_scrape_collector_success{collector="xid"}'] == 1
+    assert m['gpunode_xid_source{source="kmsg"}'] == 1
+    assert m["gpunode_kmsg_records_read_total"] > 0
+    assert m['gpunode_scrape_collector_success{collector="gpu_processes"}'] == 1
+    assert m["gpunode_gpu_processes"] >= 1  # the root process holding /dev/nvidia0
+    assert m["gpunode_gpu_process_read_bytes_total"] > 0
+    assert m['gpunode_gpu_process_unreadable{file="fd"}'] == 0
+    assert m['gpunode_gpu_process_unreadable{file="io"}'] == 0
 
 
 @pytest.mark.parametrize("dropped", ["CAP_SYSLOG", "CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE"])
-def test_each_capability_is_needed(other_users_process: int, dropped: str) -> None:
+def test_each_capability_is_needed(gpu_process: GpuProcess, tmp_path: Path, dropped: str) -> None:
     caps = [c for c in _unit_capabilities() if c != dropped]
+    assert len(caps) == len(_unit_capabilities()) - 1
+    pid = gpu_process.pid
     if dropped == "CAP_SYSLOG":
         if Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() != "1":
             pytest.skip("kernel.dmesg_restrict is 0 here: anyone may read /dev/kmsg")
         assert _as_nobody(caps, "dd", "if=/dev/kmsg", "of=/dev/null", "count=1", "bs=8192").returncode != 0
+        m = _dump(caps, tmp_path)
+        assert m['gpunode_xid_source{source="kmsg"}'] == 0 and m["gpunode_kmsg_records_read_total"] == 0
+        assert m["gpunode_gpu_processes"] >= 1  # the other two still do their part
     else:
-        assert _as_nobody(caps, "cat", f"/proc/{other_users_process}/io").returncode != 0
-        assert _as_nobody(caps, "readlink", f"/proc/{other_users_process}/fd/0").returncode != 0
+        assert _as_nobody(caps, "cat", f"/proc/{pid}/io").returncode != 0
+        assert _as_nobody(caps, "readlink", f"/proc/{pid}/fd/{gpu_process.gpu_fd}").returncode != 0
+        m = _dump(caps, tmp_path)
+        assert m["gpunode_gpu_processes"] == 0
+        assert m['gpunode_xid_source{source="kmsg"}'] == 1  # CAP_SYSLOG still does its part
+
+
+# --- MemoryDenyWriteExecute= and the simulated NVML --------------------------------------------
+
+PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN = 65, 1  # include/uapi/linux/prctl.h, Linux >= 6.3
+NO_MDWE = 77  # exit status: prctl refused
+UNDER_MDWE = """
+import ctypes, mmap, runpy, sys
+if ctypes.CDLL(None, use_errno=True).prctl({set}, {refuse}, 0, 0, 0) != 0:
+    sys.exit({no_mdwe})
+try:
+    mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    sys.exit("a writable and executable mapping was allowed")
+except PermissionError:
+    pass
+sys.argv = ["gpunode-exporter", "dump", "--collector.disable-defaults", "--collector.gpu",
+            "--nvml.simulate", {scenario!r}]
+runpy.run_module("exporter", run_name="__main__")
+"""
+
+
+def test_simulated_nvml_runs_without_writable_executable_memory() -> None:
+    """ctypes callbacks (the simulated NVML's) under the kernel's MDWE, which refuses what systemd's
+    MemoryDenyWriteExecute= filter refuses: a mapping both writable and executable, or one turned executable."""
+    script = UNDER_MDWE.format(set=PR_SET_MDWE, refuse=PR_MDWE_REFUSE_EXEC_GAIN, no_mdwe=NO_MDWE,
+                               scenario=str(SCENARIO))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    if out.returncode == NO_MDWE:
+        pytest.skip("the kernel has no PR_SET_MDWE (Linux < 6.3)")
+    assert out.returncode == 0, out.stderr
+    assert re.search(r'^gpunode_scrape_collector_success\{collector="gpu"\} 1$', out.stdout, re.M), out.stdout
+    assert re.search(r'^gpunode_gpus_visible\{source="nvml"\} [1-9]', out.stdout, re.M), out.stdout
