@@ -4,10 +4,10 @@
 - Its offline security exposure is at most 3.0, and the score and the table of remaining
   items in docs/install.md are the tool's (the docs cannot drift).
 - The capabilities it grants are the ones docs/install.md names, and they are what the
-  collectors need, tested rather than claimed: as nobody with exactly those capabilities
-  (setpriv, no systemd needed), `gpunode-exporter dump` reads the kernel log and counts a
-  root process that holds /dev/nvidia0; without any one of them it cannot, and the kernel
-  refuses the underlying read.
+  collectors need, tested rather than claimed: as nobody with exactly those capabilities and
+  the unit's /proc, hidepid=invisible (setpriv, unshare: no systemd needed), `gpunode-exporter
+  dump` reads the kernel log and counts a root process that holds /dev/nvidia0; without any
+  one of them it cannot, and the kernel refuses the underlying read.
 - MemoryDenyWriteExecute does not stop the simulated NVML's ctypes callbacks.
 - The scrape config in docs/install.md is docs/rules.md's, uses the rule pack's job names,
   and promtool accepts it.
@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -191,29 +192,63 @@ def gpu_process() -> Iterator[GpuProcess]:
         holder.communicate("\n", timeout=10)
 
 
-def _as_nobody(caps: list[str], *argv: str) -> subprocess.CompletedProcess[str]:
+def _as_nobody(caps: list[str], *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """argv as nobody with `caps` in the bounding, inheritable and ambient sets and no new privileges,
-    the credentials the unit gives (without its sandbox)."""
+    the credentials the unit gives, and with the unit's /proc: its ProtectProc= is procfs's hidepid=
+    (which hides the processes it may not ptrace). Not the rest of its sandbox."""
     names = "".join(f",+{c.removeprefix('CAP_').lower()}" for c in caps)
-    return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                           f"--bounding-set=-all{names}", f"--inh-caps=-all{names}",
-                           f"--ambient-caps=-all{names}", "--no-new-privs", *argv],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    setpriv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+               f"--bounding-set=-all{names}", f"--inh-caps=-all{names}",
+               f"--ambient-caps=-all{names}", "--no-new-privs", *argv]
+    hidepid = _setting("ProtectProc")
+    if hidepid != "default":
+        setpriv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                   f'mount -t proc -o hidepid={hidepid} proc /proc && exec "$@"', "sh", *setpriv]
+    return subprocess.run(setpriv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
 
 
-def _dump(caps: list[str], state: Path) -> dict[str, float]:
+class NobodyPython:
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.argv, self.env = argv, env
+
+
+def _base_prefix_as_nobody(python: NobodyPython) -> str | None:
+    probe = "import sys, exporter, prometheus_client, yaml; print(sys.base_prefix)"
+    out = _as_nobody([], *python.argv, "-c", probe, env=python.env)
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+@pytest.fixture(scope="module")
+def nobody_python() -> NobodyPython:
+    """An interpreter that nobody runs whole without any capability, so that each run below differs
+    only in its capabilities. The venv's may not be: pyenv's lives under /root (mode 0700). setpriv
+    still starts it (execve opens the binary with setpriv's own credentials), but as nobody it cannot
+    read its standard library and falls back to whichever one its built-in prefix finds, or fails.
+    Then the system's Python of the same version, with the venv's packages (the exporter itself comes
+    from the working directory, the repository)."""
+    own = NobodyPython([sys.executable], dict(os.environ))
+    if _base_prefix_as_nobody(own) == sys.base_prefix:
+        return own
+    system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    fallback = NobodyPython([str(system)], {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"]})
+    if system.exists() and _base_prefix_as_nobody(fallback) is not None:
+        return fallback
+    pytest.skip(f"nobody cannot run {sys.executable} with its own library (under /root?), nor {system}"
+                " with the venv's packages")
+
+
+def _dump(python: NobodyPython, caps: list[str], state: Path) -> dict[str, float]:
     state.chmod(0o777)
-    out = _as_nobody(caps, sys.executable, "-m", "exporter", "dump", "--collector.disable-defaults",
-                     "--collector.xid", "--collector.gpu_processes", "--path.state", str(state))
-    if out.returncode != 0 and "CAP_DAC_READ_SEARCH" not in caps and "Permission denied" in out.stderr:
-        pytest.skip(f"{sys.executable} cannot start as nobody without CAP_DAC_READ_SEARCH (under /root?)")
+    out = _as_nobody(caps, *python.argv, "-m", "exporter", "dump", "--collector.disable-defaults",
+                     "--collector.xid", "--collector.gpu_processes", "--path.state", str(state), env=python.env)
     assert out.returncode == 0, out.stderr
     samples = re.findall(r"^(gpunode_\S+) (\S+)$", out.stdout, re.M)
     return {series: float(value) for series, value in samples}
 
 
-def test_the_units_capabilities_suffice(gpu_process: GpuProcess, tmp_path: Path) -> None:
-    m = _dump(_unit_capabilities(), tmp_path)
+def test_the_units_capabilities_suffice(gpu_process: GpuProcess, nobody_python: NobodyPython,
+                                        tmp_path: Path) -> None:
+    m = _dump(nobody_python, _unit_capabilities(), tmp_path)
     assert m['gpunode_scrape_collector_success{collector="xid"}'] == 1
     assert m['gpunode_xid_source{source="kmsg"}'] == 1
     assert m["gpunode_kmsg_records_read_total"] > 0
@@ -225,7 +260,8 @@ def test_the_units_capabilities_suffice(gpu_process: GpuProcess, tmp_path: Path)
 
 
 @pytest.mark.parametrize("dropped", ["CAP_SYSLOG", "CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE"])
-def test_each_capability_is_needed(gpu_process: GpuProcess, tmp_path: Path, dropped: str) -> None:
+def test_each_capability_is_needed(gpu_process: GpuProcess, nobody_python: NobodyPython, tmp_path: Path,
+                                   dropped: str) -> None:
     caps = [c for c in _unit_capabilities() if c != dropped]
     assert len(caps) == len(_unit_capabilities()) - 1
     pid = gpu_process.pid
@@ -233,13 +269,15 @@ def test_each_capability_is_needed(gpu_process: GpuProcess, tmp_path: Path, drop
         if Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() != "1":
             pytest.skip("kernel.dmesg_restrict is 0 here: anyone may read /dev/kmsg")
         assert _as_nobody(caps, "dd", "if=/dev/kmsg", "of=/dev/null", "count=1", "bs=8192").returncode != 0
-        m = _dump(caps, tmp_path)
+        m = _dump(nobody_python, caps, tmp_path)
         assert m['gpunode_xid_source{source="kmsg"}'] == 0 and m["gpunode_kmsg_records_read_total"] == 0
         assert m["gpunode_gpu_processes"] >= 1  # the other two still do their part
     else:
         assert _as_nobody(caps, "cat", f"/proc/{pid}/io").returncode != 0
+        if dropped == "CAP_SYS_PTRACE" and _setting("ProtectProc") == "invisible":
+            assert _as_nobody(caps, "test", "-e", f"/proc/{pid}").returncode != 0  # hidden: hidepid is on
         assert _as_nobody(caps, "readlink", f"/proc/{pid}/fd/{gpu_process.gpu_fd}").returncode != 0
-        m = _dump(caps, tmp_path)
+        m = _dump(nobody_python, caps, tmp_path)
         assert m["gpunode_gpu_processes"] == 0
         assert m['gpunode_xid_source{source="kmsg"}'] == 1  # CAP_SYSLOG still does its part
 
