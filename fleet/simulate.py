@@ -69,16 +69,19 @@ class Fleet:
             if f.kind == "correctable_acceleration":
                 onset = f.at + f.duration("loss_after", 9 * 86400)  # the loss
                 start, end = f.at, onset + 3600
+            elif f.kind == "uncorrectable_steps":
+                end = f.at + 3600 + max(seconds(x, "steps") for x in f.param("steps", [0, 7200, 18000]))
             elif f.kind in ("failslow", "pcie_downgrade"):
                 start, end = f.at, f.at + f.duration("lasts", self.s.duration)
             out.append(Truth(f.kind, node_name(f.node), self.start + onset, self.start + start, self.start + end))
         return out
 
-    def series(self) -> Iterator[Series]:
-        for n in range(self.s.nodes):
+    def series(self, nodes: range | None = None) -> Iterator[Series]:
+        for n in nodes if nodes is not None else range(self.s.nodes):
             yield from self._node(n)
 
     def _node(self, n: int) -> Iterator[Series]:
+        self.rng = np.random.default_rng((self.s.seed, n))  # the same series however the fleet is chunked
         s, t = self.s, self.t
         faults = [f for f in s.faults if f.node == n]
         distractors = [d for d in s.distractors if d.node == n]

@@ -59,4 +59,9 @@ def test_harness_finds_the_known_fault_and_keeps_healthy_nodes_silent(backend: s
         ("GpuXidHardwareFault", 0.0)}
     assert any(f.alertname == "GpuDown" and f.start - xid == 60 for f in on_faulty)
     assert any(f.alertname == "GpuNodePrecursorMultiSignal" and -600 < f.start - xid < 0 for f in on_faulty)
+    # Node 2 slows by 12 % at 1h30m: GpuNodeFailSlow after the proxies' window and its 4m `for`
+    # (measured: 4 min after onset on VictoriaMetrics, 9 min on Prometheus; the target is 6).
+    slow = [f.start - (fleet.start + 5400) for f in run.firing
+            if f.alertname == "GpuNodeFailSlow" and f.labels.get("instance") == "gpu002"]
+    assert slow and 240 <= min(slow) <= 900
     assert [f for f in run.firing if f.labels.get("instance") in HEALTHY and f.labels.get("severity") != "info"] == []
