@@ -252,8 +252,3 @@ def _holds(rule_files: Iterable[dict[str, Any]]) -> dict[str, float]:
                     text = str(rule.get("for", "0s"))
                     holds[rule["alert"]] = float(sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([smhd])", text)))
     return holds
-
-
-def run_all(fleet: Fleet, workdir: Path, ports: dict[str, int], backends: Iterable[str] = BACKENDS,
-            spec_path: Path | None = None) -> dict[str, Any]:
-    return {b: run(b, fleet, workdir / b, ports[b], spec_path) for b in backends}
