@@ -39,6 +39,7 @@ rules:  # regenerate rules/prometheus and rules/vmalert from the spec and templa
 
 dashboards:  # regenerate dashboards/ from the code in exporter/dashboards and the rule pack's spec
 	.venv/bin/gpunode-exporter dashboards render --out dashboards
+	$(PY) -m exporter.dashboards.doc docs/dashboards.md
 
 fleet:  # detection quality: simulate the standard fleet, replay the rule pack on Prometheus and VictoriaMetrics, write docs/fleet-results.md
 	scripts/install-deps.sh --test

@@ -182,7 +182,7 @@ def _render(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """`rules render` and `dashboards render`: files from the spec, written to --out."""
     try:
         spec = rulepack.load_spec(args.spec)
-        files = rulepack.render(spec, args.target) if args.command == "rules" else dashboards.render(spec)
+        files = rulepack.render(spec, args.target) if args.command == "rules" else dashboards.files(spec)
     except config.ConfigError as err:
         parser.error(str(err))
     try:

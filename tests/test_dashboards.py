@@ -1,5 +1,6 @@
-"""The Grafana dashboards: drift against the code, the panel conventions, queries that parse, the spec
-carried through, the CLI. (The queries run against a real Prometheus in tests/test_demo.py.)"""
+"""The Grafana dashboards: drift against the code, the panel conventions, queries that parse and
+name only real series, the spec carried through, the exporters each query reads, the docs' lists,
+the CLI. (The queries run against a real Prometheus in tests/test_demo.py.)"""
 
 from __future__ import annotations
 
@@ -8,69 +9,167 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-
-from exporter import dashboards, rulepack
-from exporter.dashboards.board import expand
+import yaml
 
 promql_parser = pytest.importorskip("promql_parser")
+pytest.importorskip("grafana_foundation_sdk")
+
+from exporter import dashboards, rulepack  # noqa: E402
+from exporter.collector import COLLECTORS  # noqa: E402
+from exporter.dashboards import doc  # noqa: E402
+from exporter.dashboards.board import ALERT_NAMES  # noqa: E402
+from exporter.dashboards.promql import Lineage  # noqa: E402
+from exporter.scrape import EXPORTER_METRICS  # noqa: E402
+
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs" / "dashboards.md"
-SHIPPED = dashboards.build(rulepack.load_spec())
+SPEC = rulepack.load_spec()
+SHIPPED = dashboards.build(SPEC)
+BOARDS = {b.dashboard["uid"]: b.dashboard for b in SHIPPED}
 RANGE = re.compile(r"\[([^\]]+)\]")
+# The node_exporter and dcgm-exporter series the rule pack reads (rules/external-metrics.yaml)
+# and the few more the dashboards read, checked in node_exporter's e2e fixture.
+EXTERNAL = {name for group in yaml.safe_load((ROOT / "rules" / "external-metrics.yaml").read_text()).values()
+            for name in group} | {"node_memory_Dirty_bytes", "node_memory_Writeback_bytes",
+                                  "node_filesystem_size_bytes", "node_filesystem_avail_bytes"}
+# Grafana unit ids the panels use (a typo would show raw numbers).
+UNITS = {"short", "bytes", "Bps", "s", "percent", "percentunit", "pps", "reqps", "dateTimeAsIso"}
+
+
+def panels(board: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in board["panels"] if p["type"] != "row"]
+
+
+def variables(board: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in board["templating"]["list"]}
+
+
+def one_value_each(board: dict[str, Any]) -> dict[str, str]:
+    return {name: f"{name}-1" for name, v in variables(board).items() if v["type"] == "query"}
+
+
+def selectors(expr: str) -> list[Any]:
+    found: list[Any] = []
+    promql_parser.walk(promql_parser.parse(expr), lambda n: found.append(n) if isinstance(
+        n, promql_parser.VectorSelector) else None)
+    return found
 
 
 def test_committed_files_are_what_the_code_renders() -> None:
     committed = {p.name: p.read_text() for p in (ROOT / "dashboards").glob("*.json")}
-    assert committed == dashboards.render(rulepack.load_spec()), "dashboards/ is stale: run `make dashboards`"
+    assert committed == dashboards.files(SPEC), "dashboards/ is stale: run `make dashboards`"
+    assert dashboards.files(SPEC) == dashboards.files(rulepack.load_spec()), "rendering is not deterministic"
 
 
 def test_importable_with_a_datasource_input_and_stable_uids() -> None:
-    assert [b.dashboard["uid"] for b in SHIPPED] == ["gpunode-cluster", "gpunode-node"]
-    for built in SHIPPED:
-        board = built.dashboard
-        assert board["__inputs"][0]["pluginId"] == "prometheus"
-        names = [v["name"] for v in board["templating"]["list"]]
-        assert names[:2] == ["datasource", "job"]
-        assert ("node" in names) == (board["uid"] == "gpunode-node")
+    assert list(BOARDS) == ["gpunode-cluster", "gpunode-node"]
+    assert [b.filename for b in SHIPPED] == ["gpunode-cluster.json", "gpunode-node.json"]
+    for board in BOARDS.values():
+        assert board["__inputs"] == [{"name": "DS_PROMETHEUS", "label": "Prometheus", "type": "datasource",
+                                      "pluginId": "prometheus", "pluginName": "Prometheus"}]
+        assert {(r["type"], r["id"]) for r in board["__requires"]} == {("grafana", "grafana"),
+                                                                      ("datasource", "prometheus")}
+        ds = variables(board)["datasource"]
+        assert (ds["type"], ds["query"], ds["current"]["value"]) == ("datasource", "prometheus", "${DS_PROMETHEUS}")
         ids = [p["id"] for p in board["panels"]]
         assert len(ids) == len(set(ids))
 
 
-@pytest.mark.parametrize("built", SHIPPED, ids=lambda b: b.filename)
-def test_every_panel_has_a_description_a_unit_and_the_datasource_variable(built: dashboards.Built) -> None:
-    panels = [p for p in built.dashboard["panels"] if p["type"] != "row"]
-    assert len(panels) >= 10
-    for panel in panels:
-        assert len(panel.get("description", "")) > 40, panel["title"]
-        assert panel["fieldConfig"]["defaults"].get("unit"), panel["title"]
-        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+def test_variables_scope_every_query_to_the_chosen_nodes() -> None:
+    for uid, board in BOARDS.items():
+        found = variables(board)
+        assert list(found) == ["datasource", "job", "node"]
+        assert found["job"]["query"] == 'label_values(gpunode_exporter_build_info{job="gpunode"}, job)'
+        assert found["node"]["query"] == ('label_values(gpunode_exporter_build_info{job="gpunode", job=~"$job"}, '
+                                          'instance)')
+        assert found["job"]["multi"] and found["job"]["includeAll"] and found["job"]["allValue"] == ".*"
+        # one node on the node dashboard; any number on the cluster's, All listing them (no allValue)
+        assert found["node"].get("multi", False) == found["node"].get("includeAll", False) == (uid == "gpunode-cluster")
+        assert "allValue" not in found["node"]
+        for query in dashboards.panel_queries(board):
+            assert '=~"$node' in query.expr, (query.panel_title, query.expr)
+
+
+@pytest.mark.parametrize("uid", BOARDS)
+def test_every_panel_has_a_description_a_unit_and_the_datasource_variable(uid: str) -> None:
+    found = panels(BOARDS[uid])
+    assert len(found) >= 15
+    for panel in found:
+        assert len(panel.get("description", "")) > 60 and "Needs " in panel["description"], panel["title"]
+        assert panel["fieldConfig"]["defaults"].get("unit") in UNITS, panel["title"]
+        for override in panel["fieldConfig"]["overrides"]:
+            assert all(p["value"] in UNITS for p in override["properties"] if p["id"] == "unit"), panel["title"]
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
         assert panel["targets"] and all(t["expr"] and t["refId"] for t in panel["targets"]), panel["title"]
 
 
-@pytest.mark.parametrize("built", SHIPPED, ids=lambda b: b.filename)
-def test_every_query_parses_and_ranges_are_rate_interval_or_spec_windows(built: dashboards.Built) -> None:
-    spec = rulepack.load_spec()
-    remap = spec["remap"]
+@pytest.mark.parametrize("uid", BOARDS)
+def test_every_query_parses_and_ranges_are_rate_interval_or_spec_windows(uid: str) -> None:
+    board = BOARDS[uid]
+    remap = SPEC["remap"]
     windows = {"$__rate_interval", *(rulepack.duration(remap[k]) for k in
                                      ("acceleration_short_window", "acceleration_long_window"))}
-    for query in dashboards.panel_queries(built.dashboard):
-        promql_parser.parse(expand(query.expr, {"job": "gpunode", "node": "n1"}, "1m"))
+    for query in dashboards.panel_queries(board):
+        expr = dashboards.expand(query.expr, one_value_each(board), "1m", dashboard=board)
+        assert "$" not in expr, expr
+        promql_parser.parse(expr)
         assert set(RANGE.findall(query.expr)) <= windows, (query.panel_title, query.expr)
 
 
-def test_every_metric_exists() -> None:
-    """Names in the queries are the exporter's (README's table), recording rules of the pack, or the
-    few node_exporter and dcgm-exporter series the panels read."""
-    readme = (ROOT / "README.md").read_text()
-    recorded = set(dashboards.board.recording_rules(rulepack.load_spec()))
-    others = {"ALERTS", "DCGM_FI_DEV_GPU_UTIL", "node_memory_Dirty_bytes", "node_memory_Writeback_bytes",
-              "node_filesystem_size_bytes", "node_filesystem_avail_bytes"}
-    for built in SHIPPED:
-        for query in dashboards.panel_queries(built.dashboard):
-            for name in re.findall(r"([A-Za-z_:][\w:]*)\{", query.expr):
-                assert name in recorded or name in others or f"`{name}`" in readme, (query.panel_title, name)
+def test_every_metric_and_label_exists() -> None:
+    """Names in the queries are the exporter's, recording rules of the pack, ALERTS, or the few
+    node_exporter and dcgm-exporter series listed above; a gpunode series is matched only on its
+    own labels and the targets' (job, node, peer group)."""
+    specs = {s.name: s for s in EXPORTER_METRICS} | {s.name: s for c in COLLECTORS.values() for s in c.metrics}
+    recorded = set(Lineage.of(SPEC).records)
+    target_labels = {"job", SPEC["labels"]["node"], *SPEC["labels"]["peer_group"]}
+    for board in BOARDS.values():
+        for query in dashboards.panel_queries(board):
+            for sel in selectors(dashboards.expand(query.expr, one_value_each(board), "1m")):
+                assert sel.name in specs or sel.name in recorded or sel.name in EXTERNAL | {"ALERTS"}, \
+                    (query.panel_title, sel.name)
+                if sel.name in specs:
+                    labels = {m.name for m in sel.matchers.matchers}
+                    assert labels <= set(specs[sel.name].labels) | target_labels, (query.panel_title, sel)
+
+
+def test_the_alerts_tables_cover_every_alert_of_the_pack() -> None:
+    alerts = Lineage.of(SPEC).alerts
+    assert alerts and all(re.fullmatch(ALERT_NAMES, name) for name in alerts)
+
+
+def query(uid: str, title: str, ref: str = "A") -> dashboards.PanelQuery:
+    return next(q for q in dashboards.panel_queries(BOARDS[uid]) if q.panel_title == title and q.ref_id == ref)
+
+
+def test_sources_follow_recording_rules_to_the_exporters() -> None:
+    gpu_util = query("gpunode-node", "1. GPU utilisation")
+    assert gpu_util.sources == gpu_util.requires == {"dcgm"}
+    # any one of seven signals from three exporters makes a score
+    scores = query("gpunode-cluster", "Precursor peer scores (largest per node)")
+    assert scores.sources == {"gpunode", "node", "dcgm"} and scores.requires == frozenset()
+    # bytes from node_exporter over link speeds from gpunode-exporter
+    link = query("gpunode-node", "Storage link utilisation")
+    assert link.sources == link.requires == {"gpunode", "node"}
+    # save and training from NFS bytes alone; the load phase also needs GPU utilisation
+    phase = query("gpunode-node", "Checkpoint phase")
+    assert phase.sources == {"gpunode", "dcgm"} and phase.requires == {"gpunode"}
+    dirty = query("gpunode-node", "4. Dirty and writeback page cache", "B")
+    assert dirty.sources == dirty.requires == {"node"} and not dirty.instant
+    assert query("gpunode-cluster", "GPUs with a row remap pending").instant
+
+
+def test_sources_follow_the_spec(tmp_path: Path) -> None:
+    """A signal left out of the spec leaves out its exporter."""
+    override = tmp_path / "mine.yaml"
+    override.write_text("precursor: {signals: {gpu_utilization: null}}\n")
+    spec = rulepack.load_spec(override)
+    board = dashboards.render(spec)["gpunode-cluster.json"]
+    scores = next(q for q in dashboards.panel_queries(board, spec) if q.panel_title.startswith("Precursor"))
+    assert scores.sources == {"gpunode", "node"}
 
 
 def test_a_spec_override_reaches_every_query(tmp_path: Path) -> None:
@@ -78,32 +177,59 @@ def test_a_spec_override_reaches_every_query(tmp_path: Path) -> None:
     override.write_text("selectors: {gpunode: 'job=\"gpu\"', node: 'job=\"nodes\"'}\n"
                         "labels: {node: host, peer_group: [job, session]}\nnfs: {window: 60}\n")
     spec = rulepack.load_spec(override)
-    for built in dashboards.build(spec):
-        variables = {v["name"]: v for v in built.dashboard["templating"]["list"]}
-        assert "session" in variables
-        for query in dashboards.panel_queries(built.dashboard):
-            assert 'job="gpunode"' not in query.expr and 'job="node"' not in query.expr
+    for board in dashboards.render(spec).values():
+        found = variables(board)
+        assert list(found) == ["datasource", "job", "session", "node"]
+        assert found["session"]["query"] == 'label_values(gpunode_exporter_build_info{job="gpu", job=~"$job"}, session)'
+        assert found["node"]["query"] == ('label_values(gpunode_exporter_build_info{job="gpu", '
+                                          'job=~"$job", session=~"$session"}, host)')
+        for query in dashboards.panel_queries(board, spec):
+            assert 'job="gpunode"' not in query.expr and 'job="node"' not in query.expr, query.expr
             assert "instance" not in query.expr and "rate5m" not in query.expr, query.expr
-            if 'job="gpu"' in query.expr:
-                assert 'session=~"$session"' in query.expr
-        if built.dashboard["uid"] == "gpunode-node":
-            assert variables["node"]["query"] == ('label_values(gpunode_exporter_build_info{job="gpu", '
-                                                  'job=~"$job", session=~"$session"}, host)')
+            assert 'host=~"$node' in query.expr, query.expr
+            for sel in selectors(dashboards.expand(query.expr, one_value_each(board), "1m")):
+                if sel.name.startswith("gpunode_"):
+                    assert {(m.name, m.value) for m in sel.matchers.matchers} >= {
+                        ("job", "gpu"), ("job", "job-1"), ("session", "session-1"), ("host", "node-1")}, sel
+        assert dashboards.panel_queries(board) == dashboards.panel_queries(board, spec)  # render() kept the spec
+        with pytest.raises(ValueError, match="rate1m: not a recording rule"):
+            dashboards.panel_queries(dict(board))  # read from a file: the shipped spec's rule pack records rate5m
 
 
-def test_docs_list_the_panels_with_needs() -> None:
-    table = "\n".join(f"| {b.dashboard['uid']} | {title} | {need} |"
-                      for b in SHIPPED for title, need in b.needs.items())
-    assert table in DOCS.read_text(), "docs/dashboards.md: update the generated needs table"
+def test_expand_substitutes_as_grafana_does() -> None:
+    board = BOARDS["gpunode-cluster"]
+    expr = 'rate(x{instance=~"$node", job=~"${job}", a="${node:regex}", b="$1"}[$__rate_interval])'
+    assert dashboards.expand(expr, {"node": "n1", "job": "j"}, "2m") == \
+        'rate(x{instance=~"n1", job=~"j", a="n1", b="$1"}[2m])'
+    # a multi-value variable's value is regex-escaped, backslashes doubled for PromQL's string
+    escaped = dashboards.expand('x{instance=~"$node"}', {"node": "10.0.0.1:9100"}, "1m", dashboard=board)
+    assert escaped == 'x{instance=~"10\\\\.0\\\\.0\\\\.1:9100"}'
+    assert promql_parser.parse(escaped)
+    assert dashboards.expand("$__range $__interval", {}, "1m", interval="15s", range_="1h") == "1h 15s"
+    with pytest.raises(KeyError):
+        dashboards.expand('x{a=~"$nope"}', {}, "1m")
+
+
+def test_docs_list_the_panels_and_their_exporters() -> None:
+    text = DOCS.read_text()
+    assert doc.update(text, SHIPPED) == text, "docs/dashboards.md is stale: python -m exporter.dashboards.doc"
+    needs, reads = set(), set()
+    for uid, board in BOARDS.items():
+        for q in dashboards.panel_queries(board):
+            (needs if "dcgm" in q.requires else reads if "dcgm" in q.sources else set()).add(f"{uid}: {q.panel_title}")
+    block = text.split("<!-- BEGIN GENERATED: dcgm -->")[1].split("<!-- END GENERATED: dcgm -->")[0]
+    needed, read = (set(re.findall(r"^- (.+)$", part, re.M)) for part in block.split("showing data without it:"))
+    assert needed == needs and needs
+    assert read == reads - needs
 
 
 def test_cli_renders_the_same_files(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "exporter", "dashboards", "render", "--out", str(tmp_path)],
                          capture_output=True, text=True, check=True, cwd=ROOT)
     assert sorted(Path(line).name for line in out.stdout.split()) == ["gpunode-cluster.json", "gpunode-node.json"]
-    for name, text in dashboards.render(rulepack.load_spec()).items():
+    for name, text in dashboards.files(SPEC).items():
         assert (tmp_path / name).read_text() == text
-        json.loads(text)
+        assert json.loads(text) == dashboards.render(SPEC)[name]
 
 
 def test_cli_rejects_a_bad_spec_in_one_line(tmp_path: Path) -> None:
@@ -112,4 +238,15 @@ def test_cli_rejects_a_bad_spec_in_one_line(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "exporter", "dashboards", "render", "--spec", str(bad),
                           "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2 and "spec.labels.nod: unknown key" in out.stderr
+    assert len(out.stderr.splitlines()) == 1
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_cli_without_the_sdk_says_how_to_install_it(tmp_path: Path) -> None:
+    script = ("import sys; sys.modules['grafana_foundation_sdk'] = None\n"
+              "from exporter.cli import main\n"
+              f"sys.exit(main(['dashboards', 'render', '--out', {str(tmp_path)!r}]))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == [f"gpunode-exporter: error: {dashboards.SDK_MISSING}"]
+    assert "pip install 'gpunode-exporter[dashboards]'" in out.stderr

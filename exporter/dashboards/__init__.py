@@ -2,7 +2,12 @@
 
 The spec gives the selectors, the node and peer-group labels and the windows (so recording
 rule names match the rules rendered from the same spec). Each file is importable: a
-datasource input (__inputs) and a datasource variable; stable uids.
+datasource input (__inputs) and a datasource variable; stable uids; sorted keys, so the same
+spec gives the same bytes.
+
+The API for tests against a live Prometheus: render(spec) -> {file name: dashboard},
+panel_queries(dashboard, spec) -> the queries with the exporters they read, expand() -> a query
+as Grafana sends it.
 """
 
 from __future__ import annotations
@@ -12,21 +17,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.config import ConfigError
+from exporter.dashboards.grafana import expand
+from exporter.rulepack import load_spec
 
 try:
     from grafana_foundation_sdk.builders import dashboard as gd
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
-except ImportError:  # an optional dependency: nodes that only serve metrics don't need it
+
+    from exporter.dashboards import board, cluster, node
+    from exporter.dashboards.promql import Lineage
+except ImportError:  # optional dependencies: nodes that only serve metrics don't need them
     gd = None
 
-SDK_MISSING = "dashboards need Grafana's SDK: pip install 'gpunode-exporter[dashboards]'"
-
-
-@dataclass(frozen=True)
-class Built:
-    filename: str
-    dashboard: dict[str, Any]
-    needs: dict[str, str]  # panel title -> what, beyond gpunode-exporter and node_exporter, it needs
+SDK_MISSING = "dashboards need Grafana's SDK and promql-parser: pip install 'gpunode-exporter[dashboards]'"
+GRAFANA_VERSION = "10.1.0"  # the SDK's: the JSON follows this version's schema
 
 
 @dataclass(frozen=True)
@@ -35,32 +39,54 @@ class PanelQuery:
     panel_title: str
     ref_id: str
     expr: str
-    instant: bool
+    sources: frozenset[str]   # exporters whose series it reads: gpunode, node, dcgm (prometheus: `up`)
+    requires: frozenset[str]  # of those, the ones it returns nothing without
+    instant: bool             # an instant query (tables), else a range query
+
+
+class Dashboard(dict[str, Any]):
+    """A dashboard's JSON that remembers the spec it was rendered from: panel_queries() needs
+    that spec's rule pack to tell what the recording rules read."""
+
+    spec: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Built:
+    filename: str
+    dashboard: Dashboard
+    panels: list[board.PanelInfo]  # in order
+
+    @property
+    def needs(self) -> dict[str, str]:
+        """Panel title -> what, beyond gpunode-exporter and node_exporter, it needs."""
+        return board.needs_of(self.panels)
 
 
 def build(spec: dict[str, Any]) -> list[Built]:
     if gd is None:
         raise ConfigError(SDK_MISSING)
-    from exporter.dashboards import board, cluster, node
-
+    lineage = Lineage.of(spec)
     built = []
     for module, per_node in ((cluster, False), (node, True)):
         uid, title, description = module.describe(spec)
         builder = gd.Dashboard(title).uid(uid).description(description).tags(["gpunode"])
         builder.time("now-6h", "now").refresh("30s").timezone("browser").readonly()
         builder.variables(board.variables(spec, per_node))
-        b = board.Board(spec, per_node, builder)
+        b = board.Board(spec, builder, lineage)
         module.build(b)
-        data = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
-        built.append(Built(f"{uid}.json", _importable(data), b.needs))
+        data = Dashboard(_importable(json.loads(json.dumps(builder.build(), cls=JSONEncoder))))
+        data.spec = spec
+        built.append(Built(f"{uid}.json", data, b.panels))
     return built
 
 
 def _importable(data: dict[str, Any]) -> dict[str, Any]:
-    """The import form: Grafana asks for a Prometheus datasource (DS_PROMETHEUS) on import."""
+    """The import form, which the SDK does not produce: Grafana asks for a Prometheus data
+    source (DS_PROMETHEUS) on import and makes it the datasource variable's default."""
     data["__inputs"] = [{"name": "DS_PROMETHEUS", "label": "Prometheus", "type": "datasource",
                          "pluginId": "prometheus", "pluginName": "Prometheus"}]
-    data["__requires"] = [{"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.1.0"},
+    data["__requires"] = [{"type": "grafana", "id": "grafana", "name": "Grafana", "version": GRAFANA_VERSION},
                           {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"}]
     for variable in data["templating"]["list"]:
         if variable["type"] == "datasource":
@@ -68,11 +94,37 @@ def _importable(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def render(spec: dict[str, Any]) -> dict[str, str]:
-    """File name -> JSON text, stable byte for byte."""
-    return {b.filename: json.dumps(b.dashboard, indent=2, sort_keys=True) + "\n" for b in build(spec)}
+def render(spec: dict[str, Any]) -> dict[str, Dashboard]:
+    """File name -> dashboard JSON (a dict)."""
+    return {b.filename: b.dashboard for b in build(spec)}
 
 
-def panel_queries(dashboard: dict[str, Any]) -> list[PanelQuery]:
-    return [PanelQuery(dashboard["uid"], panel["title"], target["refId"], target["expr"], bool(target.get("instant")))
-            for panel in dashboard["panels"] if panel["type"] != "row" for target in panel.get("targets", [])]
+def dumps(dashboard: dict[str, Any]) -> str:
+    """A dashboard's file text, stable byte for byte."""
+    return json.dumps(dashboard, indent=2, sort_keys=True) + "\n"
+
+
+def files(spec: dict[str, Any]) -> dict[str, str]:
+    """File name -> file text: what `dashboards render` writes."""
+    return {name: dumps(board) for name, board in render(spec).items()}
+
+
+def panel_queries(dashboard: dict[str, Any], spec: dict[str, Any] | None = None) -> list[PanelQuery]:
+    """Every query of a dashboard, with the exporters it reads, as the rule pack rendered from
+    the dashboard's spec says recording rules read them. The spec: this argument, else the one
+    render() used, else (a dashboard read from a file) the shipped spec."""
+    if gd is None:
+        raise ConfigError(SDK_MISSING)
+    spec = spec if spec is not None else getattr(dashboard, "spec", None)
+    lineage = Lineage.of(spec if spec is not None else load_spec())
+    found = []
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            reads = lineage.reads(target["expr"])
+            found.append(PanelQuery(dashboard["uid"], panel["title"], target["refId"], target["expr"],
+                                    reads.sources, reads.requires, bool(target.get("instant"))))
+    return found
+
+
+__all__ = ["SDK_MISSING", "Built", "Dashboard", "PanelQuery", "build", "dumps", "expand", "files", "panel_queries",
+           "render"]

@@ -1,31 +1,60 @@
-"""What every dashboard shares: the spec's selectors and variables, and a panel builder that
-insists on a title, a description, a unit and the datasource variable.
+"""What every dashboard shares: the spec's variables and selectors, and a panel builder that
+insists on a title, a description, a unit and the datasource variable, and writes into each
+description the exporters its queries need (derived from the queries, not typed by hand).
 
 Built with Grafana's own SDK (grafana-foundation-sdk), so the JSON follows Grafana's schema.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
+from grafana_foundation_sdk.builders import common, heatmap, prometheus, statetimeline, table, timeseries
 from grafana_foundation_sdk.builders import dashboard as gd
-from grafana_foundation_sdk.builders import prometheus
 from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.models import dashboard as model
+from grafana_foundation_sdk.models.common import SortOrder, TooltipDisplayMode, VisibilityMode
+from grafana_foundation_sdk.models.heatmap import HeatmapColorMode
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-from exporter.rulepack import render as render_rules
+from exporter.dashboards.grafana import expand as expand  # where tests/test_demo.py imports it from
+from exporter.dashboards.promql import EXPORTERS, Lineage, exporter_of
 from exporter.rulepack import selector
 
 DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
 PANEL_HEIGHT = 8
-# What some panels need beyond gpunode-exporter and node_exporter (docs/dashboards.md lists them).
-DCGM = "dcgm-exporter"
+# One series per gpunode-exporter target: the variables list its jobs, peer groups and nodes.
+BUILD_INFO = "gpunode_exporter_build_info"
+# What some panels need beyond the exporters (those are derived from the queries).
 PEERS = "at least precursor.min_peers nodes in a peer group"
+FAILSLOW_PEERS = "at least failslow.min_peers nodes in a peer group"
+FAILSLOW_INPUT = ("dcgm-exporter, or node_exporter's counters of NICs matching failslow.network_devices "
+                  "or of RDMA ports")
 PFC = "a NIC whose driver reports per-priority pause frames (mlx5, ice)"
 NFS_MOUNT = "an NFS mount that node_exporter sees"
+SAVES = "checkpoint.min_saves saves within checkpoint.interval_window"
+DCGM = EXPORTERS["dcgm"]
+_ORDER = ("gpunode", "node", "dcgm")  # Prometheus' own `up` is always there: never named as a need
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str = ""
+    unit: str = ""      # a unit of its own (a count beside bytes per second): on the right axis
+    right: bool = False
+
+
+@dataclass(frozen=True)
+class PanelInfo:
+    """A panel as docs/dashboards.md lists it."""
+
+    title: str
+    row: str
+    needs: frozenset[str]   # exporters a query of the panel returns nothing without
+    reads: frozenset[str]   # exporters any query of the panel reads
+    conditions: tuple[str, ...]
 
 
 @dataclass
@@ -33,12 +62,11 @@ class Board:
     """One dashboard under construction, bound to a spec (selectors, labels, recording rule names)."""
 
     spec: dict[str, Any]
-    per_node: bool  # the node dashboard filters every series by $node
     builder: gd.Dashboard
-    # panel title -> what beyond gpunode-exporter and node_exporter it needs to show data
-    needs: dict[str, str] = field(default_factory=dict)
+    lineage: Lineage
+    panels: list[PanelInfo] = field(default_factory=list)
     _next_id: int = 1
-    _x: int = 0
+    _row: str = ""
 
     @property
     def node(self) -> str:
@@ -46,83 +74,162 @@ class Board:
 
     @property
     def peer_labels(self) -> list[str]:
-        return [label for label in self.spec["labels"]["peer_group"] if label != "job"]
+        return peer_labels(self.spec)
 
-    def sel(self, metric: str, source: str = "gpunode", *matchers: str) -> str:
-        """metric{the source's selector, the dashboard's variables, matchers...}."""
-        scope = []
+    def q(self, metric: str, *matchers: str) -> str:
+        """metric{its exporter's spec selector, the dashboard's variables, matchers...}.
+
+        A recording rule gets no exporter selector: its series keep the job of whichever
+        exporter fed it (a precursor signal from node_exporter has node_exporter's job)."""
+        source = exporter_of(metric)
+        scope = [f'{self.node}=~"$node"']
         if source == "gpunode":
-            scope = ['job=~"$job"', *(f'{label}=~"${label}"' for label in self.peer_labels)]
-        if self.per_node or source != "gpunode":
-            scope.append(f'{self.node}=~"$node"')
+            scope = ['job=~"$job"', *(f'{label}=~"${label}"' for label in self.peer_labels), *scope]
+        if source is None:
+            return f"{metric}{{{', '.join([*scope, *matchers])}}}"
         return selector(self.spec, metric, source, *scope, *matchers)
 
-    def recorded(self, prefix: str) -> str:
+    def rec(self, prefix: str, *matchers: str) -> str:
         """A recording rule of the pack rendered from this spec, by its name up to the window
         (gpunode:nfs_rpc_queue_seconds_per_request: -> ...:rate5m), so spec windows carry over."""
-        names = [n for n in recording_rules(self.spec) if n.startswith(prefix)]
+        names = [n for n in self.lineage.records if n.startswith(prefix)]
         if len(names) != 1:
             raise ValueError(f"{prefix!r} matches {len(names)} recording rules of the rule pack: {names}")
-        return names[0]
+        return self.q(names[0], *matchers)
+
+    def alerts(self) -> str:
+        """The pack's firing alerts. `$node|` also matches an empty label: alerts of a whole peer
+        group (CheckpointIntervalTooLong) carry no node and stay in view."""
+        return f'ALERTS{{alertstate="firing", alertname=~"{ALERT_NAMES}", {self.node}=~"$node|"}}'
 
     def row(self, title: str) -> None:
         self.builder.with_row(gd.Row(title).id(self._take_id()))
-        self._x = 0
+        self._row = title
 
-    def panel(self, kind: Builder[Any], title: str, description: str, unit: str,
-              queries: list[tuple[str, str]], width: int = 12, instant: bool = False, needs: str = "") -> None:
-        """A panel of `kind` (a panel builder of the SDK) with (expr, legend) queries A, B, ..."""
-        kind.id(self._take_id()).title(title).description(description).unit(unit).datasource(DATASOURCE)
-        kind.height(PANEL_HEIGHT).span(width)
-        for ref, (expr, legend) in zip("ABCDEFGH", queries, strict=False):
-            query = prometheus.Dataquery().ref_id(ref).expr(expr).legend_format(legend)
-            kind.with_target(query.instant() if instant else query.range())
+    def panel(self, kind: Builder[Any], title: str, description: str, unit: str, queries: list[Query],
+              width: int = 12, instant: bool = False, needs: tuple[str, ...] = ()) -> None:
+        """A panel of `kind` (a panel builder of the SDK) with queries A, B, ...; instant ones as a
+        table, joined into one row per series when there are several."""
+        reads = [self.lineage.reads(query.expr) for query in queries]
+        info = PanelInfo(title, self._row, frozenset().union(*(r.requires for r in reads)),
+                         frozenset().union(*(r.sources for r in reads)), needs)
+        self.panels.append(info)
+        kind.id(self._take_id()).title(title).description(f"{description} {_needs_sentence(info)}")
+        kind.unit(unit).datasource(DATASOURCE).height(PANEL_HEIGHT).span(width)
+        for ref, query in zip("ABCDEFGH", queries, strict=False):
+            target = prometheus.Dataquery().ref_id(ref).expr(query.expr).legend_format(query.legend)
+            kind.with_target(target.instant().format(PromQueryFormat.TABLE) if instant else target.range())
+            if query.unit:
+                props = [model.DynamicConfigValue("unit", query.unit)]
+                if query.right:
+                    props.append(model.DynamicConfigValue("custom.axisPlacement", "right"))
+                kind.override_by_query(ref, props)
+        if instant and len(queries) > 1:
+            kind.with_transformation(model.DataTransformerConfig(id_val="merge", options={}))
         self.builder.with_panel(kind)
-        if needs:
-            self.needs[title] = needs
 
     def _take_id(self) -> int:
         self._next_id += 1
         return self._next_id - 1
 
 
-def recording_rules(spec: dict[str, Any]) -> dict[str, str]:
-    """Recording rule name -> expression, of the rule pack rendered from spec."""
-    rules: dict[str, str] = {}
-    for text in render_rules(spec, "prometheus").values():
-        for group in yaml.safe_load(text)["groups"]:
-            rules.update({r["record"]: r["expr"] for r in group["rules"] if "record" in r})
-    return rules
+# The panel kinds, each with options set (the SDK leaves a panel's options null otherwise).
+def time_series() -> timeseries.Panel:
+    """Its tooltip lists every series, largest first: the odd node out among many."""
+    tooltip = common.VizTooltipOptions().mode(TooltipDisplayMode.MULTI).sort(SortOrder.DESCENDING)
+    return timeseries.Panel().tooltip(tooltip)
+
+
+def table_panel() -> table.Panel:
+    return table.Panel().show_header(True)
+
+
+def state_timeline() -> statetimeline.Panel:
+    return statetimeline.Panel().show_value(VisibilityMode.AUTO)
+
+
+def heatmap_panel() -> heatmap.Panel:
+    """One row per series (node), coloured by value: the data is not bucketed again."""
+    colors = heatmap.HeatmapColorOptions().mode(HeatmapColorMode.SCHEME).scheme("Oranges").steps(64)
+    return heatmap.Panel().calculate(False).show_tooltip().color(colors)
+
+
+# The values of gpunode:checkpoint_phase:node (checkpoint.rules.yml).
+PHASES = {"0": ("training", "green"), "1": ("saving", "blue"), "2": ("loading", "orange")}
+
+
+def phases(panel: Builder[Any]) -> Builder[Any]:
+    """A panel of the phase recording, its values shown as their names."""
+    return panel.mappings([model.ValueMap({value: model.ValueMappingResult(text=text, color=color, index=i)
+                                           for i, (value, (text, color)) in enumerate(PHASES.items())})])
+
+
+# Every alert of the rule pack (tests/test_dashboards.py checks this covers them).
+ALERT_NAMES = "Gpu.*|Nfs.*|Checkpoint.*"
+
+
+def peer_labels(spec: dict[str, Any]) -> list[str]:
+    """The peer-group labels that get a variable of their own: job always has one."""
+    return [label for label in spec["labels"]["peer_group"] if label != "job"]
+
+
+def needs_names(sources: frozenset[str], joiner: str = ",") -> str:
+    """The exporters' names, in a fixed order: "gpunode-exporter, node_exporter" (or "... and ...")."""
+    names = [EXPORTERS[s] for s in _ORDER if s in sources]
+    if joiner == "," or len(names) < 2:
+        return ", ".join(names)
+    return f"{', '.join(names[:-1])} {joiner} {names[-1]}"
+
+
+def _needs_sentence(info: PanelInfo) -> str:
+    """Which exporters the panel needs, from what its queries read (promql.Lineage)."""
+    needs, optional = info.needs & set(_ORDER), (info.reads - info.needs) & set(_ORDER)
+    parts = []
+    if needs:
+        parts.append(f"Needs {needs_names(needs, 'and')}.")
+        if optional:
+            parts.append(f"Reads {needs_names(optional, 'and')} too, where present.")
+    elif optional:
+        parts.append(f"Needs any of {needs_names(optional, 'or')}: each feeds part of it.")
+    if info.conditions:
+        parts.append(f"Shows data only with {'; '.join(info.conditions)}.")
+    return " ".join(parts)
 
 
 def variables(spec: dict[str, Any], per_node: bool) -> list[Builder[model.VariableModel]]:
-    """datasource, job, the peer-group labels beyond job, and (per node) node."""
-    build_info = "gpunode_exporter_build_info"
-    node, peers = spec["labels"]["node"], [p for p in spec["labels"]["peer_group"] if p != "job"]
-    found = [gd.DatasourceVariable("datasource").label("Data source").type("prometheus")]
+    """datasource; job and the other peer-group labels, among gpunode-exporter's targets (the
+    spec's gpunode selector); node, among those targets' nodes: one on the node dashboard, any
+    number on the cluster dashboard."""
+    node = spec["labels"]["node"]
+    found: list[Builder[model.VariableModel]] = [
+        gd.DatasourceVariable("datasource").label("Data source").type("prometheus")]
 
-    def query_variable(name: str, label: str, matchers: list[str], multi: bool) -> gd.QueryVariable:
-        values = f"label_values({selector(spec, build_info, 'gpunode', *matchers)}, {label})"
+    def query_variable(name: str, label: str, scope: list[str]) -> gd.QueryVariable:
+        values = f"label_values({selector(spec, BUILD_INFO, 'gpunode', *scope)}, {label})"
         var = gd.QueryVariable(name).label(label).datasource(DATASOURCE).query(values)
-        var.refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(model.VariableSort.ALPHABETICAL_ASC)
-        return var.multi(multi).include_all(multi)
+        return var.refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(model.VariableSort.ALPHABETICAL_ASC)
 
-    scope = ['job=~"$job"']
-    found.append(query_variable("job", "job", [], True))
-    for label in peers:
-        found.append(query_variable(label, label, list(scope), True))
+    every = model.VariableOption(selected=True, text=["All"], value=["$__all"])
+    scope: list[str] = []
+    for label in ["job", *peer_labels(spec)]:
+        # All as .*: these filter gpunode series only (and the node list); a short regex at any size
+        var = query_variable(label, label, list(scope)).multi(True).include_all(True).all_value(".*")
+        found.append(var.current(every))
         scope.append(f'{label}=~"${label}"')
-    if per_node:
-        found.append(query_variable("node", node, scope, False))
+    nodes = query_variable("node", node, scope)
+    if not per_node:  # All lists the nodes, so the job choice reaches every exporter's series
+        nodes.multi(True).include_all(True).current(every)
+    found.append(nodes)
     return found
 
 
-_VARIABLE = re.compile(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))")
+def needs_of(panels: list[PanelInfo]) -> dict[str, str]:
+    """Panel title -> what it needs beyond gpunode-exporter and node_exporter, for the panels
+    that need more (tests/test_demo.py: these, and only these, stay empty in the demo)."""
+    found = {}
+    for info in panels:
+        parts = [EXPORTERS[s] for s in _ORDER if s in info.needs and s not in ("gpunode", "node")]
+        if text := "; ".join([*parts, *info.conditions]):
+            found[info.title] = text
+    return found
 
-
-def expand(expr: str, values: dict[str, str], rate_interval: str) -> str:
-    """expr as Grafana sends it with one value selected per variable."""
-    def value(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(2)
-        return rate_interval if name == "__rate_interval" else values[name]
-    return _VARIABLE.sub(value, expr)

@@ -4,112 +4,141 @@ from __future__ import annotations
 
 from typing import Any
 
-from grafana_foundation_sdk.builders import heatmap, statetimeline, table, timeseries
-
-from exporter.dashboards.board import DCGM, PEERS, Board
+from exporter.dashboards.board import (
+    FAILSLOW_INPUT,
+    FAILSLOW_PEERS,
+    PEERS,
+    SAVES,
+    Board,
+    Query,
+    heatmap_panel,
+    phases,
+    state_timeline,
+    table_panel,
+    time_series,
+)
 from exporter.rulepack import duration
+
+TOP = 10  # rows of a top-k table, lines of a top-k graph: a cluster has hundreds of nodes
 
 
 def build(b: Board) -> None:
     spec, node = b.spec, b.node
     pre, fs, remap = spec["precursor"], spec["failslow"], spec["remap"]
+    by_node = f"{{{{{node}}}}}"  # a legend: the node's name
 
     b.row("Alerts")
-    b.panel(table.Panel(), "Firing alerts of the rule pack",
-            "Alerts of the gpunode rule pack firing now, per node: the place to start. Each alert's runbook "
-            "is in its runbook_url annotation (docs/runbooks/).", "short",
-            [(f'sum by (alertname, severity, {node}) (ALERTS{{alertstate="firing", '
-              'alertname=~"Gpu.*|Nfs.*|Checkpoint.*"})', "")], width=24, instant=True)
+    b.panel(table_panel(), "Firing alerts of the rule pack",
+            "Alerts of the gpunode rule pack firing now, per node (a peer group's alerts have none): the place "
+            "to start. Each alert's runbook is in its runbook_url annotation (docs/runbooks/).", "short",
+            [Query(f"sum by (alertname, severity, {node}) ({b.alerts()})")], width=24, instant=True)
 
     b.row("Nodes against their peers")
-    score = b.recorded("gpunode:precursor_signal:score")
-    b.panel(heatmap.Panel().calculate(False), "Precursor peer scores (largest per node)",
+    score = b.rec("gpunode:precursor_signal:score")
+    b.panel(heatmap_panel(), "Precursor peer scores (largest per node)",
             "Per node, the largest |robust peer score| of its precursor signals: (value - peer median) / "
-            "max(1.4826 MAD, floor). Above the threshold on two or more signals for the continuity window "
-            "fires GpuNodePrecursorMultiSignal (seed 000: failing nodes departed from their ~59 peers before "
-            "the XID). Needs at least min_peers nodes per peer group.", "short",
-            [(f"max by ({node}) (abs({b.sel(score)}))", f"{{{{{node}}}}}")], needs=PEERS)
-    b.panel(timeseries.Panel(), "Deviating precursor signals per node",
-            f"How many of a node's precursor signals score beyond +-{pre['score_threshold']} (spec "
-            f"precursor.score_threshold); GpuNodePrecursorMultiSignal fires at {pre['min_signals']} for "
-            f"{duration(pre['continuity'])}.", "short",
-            [(f"count by ({node}) (abs({b.sel(score)}) > {pre['score_threshold']}) "
-              f"or count by ({node}) ({b.sel(score)}) * 0", f"{{{{{node}}}}}")], needs=PEERS)
-    ratio = b.recorded("gpunode:failslow_proxy:ratio_to_peers")
-    b.panel(heatmap.Panel().calculate(False), "Fail-slow: throughput against the peer median (lowest proxy)",
+            f"max(1.4826 MAD, floor). Beyond {pre['score_threshold']} on {pre['min_signals']} signals for "
+            f"{duration(pre['continuity'])} fires GpuNodePrecursorMultiSignal (seed 000: failing nodes departed "
+            "from their ~59 peers before the XID).", "short",
+            [Query(f"max by ({node}) (abs({score}))", by_node)], needs=(PEERS,))
+    b.panel(table_panel(), "Largest precursor scores now",
+            f"The {TOP * 2} node and signal pairs farthest from their peers now; beyond +-{pre['score_threshold']} "
+            f"(precursor.score_threshold) a signal deviates, and {pre['min_signals']} deviating signals of one node "
+            f"for {duration(pre['continuity'])} fire GpuNodePrecursorMultiSignal. No single signal dominated seed "
+            "000's failures: which ones deviate says where to look.", "short",
+            [Query(f"topk({TOP * 2}, abs({score}))")], instant=True, needs=(PEERS,))
+    ratio = b.rec("gpunode:failslow_proxy:ratio_to_peers")
+    b.panel(heatmap_panel(), "Fail-slow: throughput against the peer median (lowest proxy)",
             "Per node, its lowest throughput proxy (slowest GPU's utilisation, power, SM clock, NVLink; NIC and "
             f"RDMA bytes) divided by the peer median. Below {1 - fs['fraction']:.2f} on {fs['min_proxies']} "
-            f"proxies for {duration(fs['for'])} fires GpuNodeFailSlow (seed 000: fail-slow nodes are 3-15 % "
-            "slower; Minder).", "percentunit",
-            [(f"min by ({node}) ({b.sel(ratio)})", f"{{{{{node}}}}}")], needs=f"{DCGM}; {PEERS}")
+            f"proxies for {duration(fs['for'])} while the peers train fires GpuNodeFailSlow (seed 000: "
+            "fail-slow nodes are 3-15 % slower; Minder).", "percentunit",
+            [Query(f"min by ({node}) ({ratio})", by_node)], needs=(FAILSLOW_PEERS, FAILSLOW_INPUT))
 
     b.row("XID errors")
-    b.panel(timeseries.Panel(), "XIDs by NVIDIA's action",
-            "XID events logged in the interval, summed by NVIDIA's immediate action (docs/xid-catalog.md). "
-            "increase() misses the first XID of a new series (a GPU's first XID of a code): the table beside "
-            "it lists those too.", "short",
-            [(f"sum by (action) (increase({b.sel('gpunode_xid_errors_total')}[$__rate_interval]))", "{{action}}")])
-    b.panel(table.Panel(), "Latest XID per node, GPU and code",
-            "When each node's GPUs last logged each XID code (the kernel log's time), newest first.",
-            "dateTimeAsIso",
-            [(f"topk(50, {b.sel('gpunode_xid_last_event_timestamp_seconds')} * 1000)", "")], instant=True)
+    xids = b.q("gpunode_xid_errors_total")
+    b.panel(time_series(), "XIDs by NVIDIA's action",
+            "XID events logged in the interval, summed by NVIDIA's immediate action (docs/xid-catalog.md): "
+            "GpuXidHardwareFault for the actions that take a GPU out of service, GpuXidApplicationFault for "
+            "RESTART_APP. increase() misses the first XID of a new series (a GPU's first XID of a code): the "
+            "table beside it lists those too.", "short",
+            [Query(f"sum by (action) (increase({xids}[$__rate_interval]))", "{{action}}")])
+    b.panel(table_panel(), "Latest XID per node, GPU and code",
+            f"When each node's GPUs last logged each XID code (the kernel log's time), the {TOP * 5} latest.",
+            "dateTimeAsIso", [Query(f"topk({TOP * 5}, {b.q('gpunode_xid_last_event_timestamp_seconds')} * 1000)")],
+            instant=True)
 
     b.row("GPUs")
-    b.panel(table.Panel(), "GPUs with a row remap pending",
+    b.panel(table_panel(), "GPUs with a row remap pending",
             "GPUs whose remapped rows take effect only at the next GPU reset "
             "(gpunode_gpu_row_remap_pending): reset them at the next drain. GpuRowRemapPending fires after "
             f"{duration(remap['pending_for'])}.", "short",
-            [(f"{b.sel('gpunode_gpu_row_remap_pending')} == 1", "")], width=8, instant=True)
-    rate, short, trend = b.recorded("gpunode:gpu_remapped_rows_correctable:"), remap["acceleration_short_window"], \
-        spec["intervals"]["remap_trend"]
-    b.panel(table.Panel(), f"Most correctable remaps in the last {duration(short)} (top 10)",
-            "GPUs by rows remapped after correctable errors over the short window, and how many times their "
-            "rate over the long window before it. Above the factor with at least the floor fires "
-            "GpuRowRemapCorrectableAcceleration (gpu124: ~38 to 254 rows in a week, then lost).", "short",
-            [(f"topk(10, avg_over_time({b.sel(rate)}[{duration(short)}]) * {short / trend:g} > 0)", "rows"),
-             (f"avg_over_time({b.sel(rate)}[{duration(short)}]) / avg_over_time({b.sel(rate)}"
-              f"[{duration(remap['acceleration_long_window'])}] offset {duration(short)})", "times the baseline")],
-            width=8, instant=True)
-    visible = b.sel("gpunode_gpus_visible", "gpunode", 'source="nvml"')
-    b.panel(timeseries.Panel(), "GPUs missing or lost",
-            "Per node, GPUs expected (gpu.expected_count) minus those the driver enumerates, and GPUs lost "
-            "(GPU_IS_LOST or config space all-ones: fell off the bus). GpuNodeGpuMissing, GpuDown.", "short",
-            [(f"{b.sel('gpunode_gpus_expected')} - ignoring (source) {visible}", f"missing {{{{{node}}}}}"),
-             (f"count by ({node}) ({b.sel('gpunode_gpu_up')} == 0)", f"lost {{{{{node}}}}}")], width=8)
+            [Query(f"{b.q('gpunode_gpu_row_remap_pending')} == 1")], width=8, instant=True)
+    # As GpuRowRemapCorrectableAcceleration computes it, from the hourly recording.
+    hourly, short = b.rec("gpunode:gpu_remapped_rows_correctable:"), remap["acceleration_short_window"]
+    recent = f"avg_over_time({hourly}[{duration(short)}])"
+    before = f"avg_over_time({hourly}[{duration(remap['acceleration_long_window'])}] offset {duration(short)})"
+    rows = f"topk({TOP}, {recent} * {short / spec['intervals']['remap_trend']:g} > 0)"
+    b.panel(table_panel(), f"Most correctable remaps in the last {duration(short)}",
+            f"The {TOP} GPUs with most rows remapped after correctable errors over the short window, and how many "
+            "times their rate over the long window before it that is. Above acceleration_factor with at least "
+            "acceleration_floor rows fires GpuRowRemapCorrectableAcceleration (gpu124: ~38 to 254 rows in a "
+            "week, then lost). Windows from the spec (remap.acceleration_*_window), as the alert uses them.",
+            "short", [Query(rows), Query(f"{recent} / {before} and on ({node}, uuid) {rows}")], width=8, instant=True)
+    visible = b.q("gpunode_gpus_visible", 'source="nvml"')
+    b.panel(time_series(), "GPUs missing or lost",
+            "Per node: GPUs expected (gpu.expected_count) minus those the driver enumerates "
+            "(GpuNodeGpuMissing), and GPUs lost: GPU_IS_LOST or config space all-ones, fell off the bus "
+            "(GpuDown).", "short",
+            [Query(f"{b.q('gpunode_gpus_expected')} - ignoring (source) {visible}", f"missing {by_node}"),
+             Query(f"count by ({node}) ({b.q('gpunode_gpu_up')} == 0)", f"lost {by_node}")], width=8)
 
     b.row("NFS")
-    b.panel(timeseries.Panel(), "NFS time per request: slot wait against network + server",
-            "Per node and operation, the mean time a request waited for an RPC slot (queue) and the time the "
-            "network and server took (rtt). Queue above rtt means more slots, not a faster link, would help "
-            "(seed 000: save WRITEs waited 1,495 of 1,621 ms). NfsSlotWaitDominates, NfsBandwidthParadox.", "s",
-            [(f"max by ({node}, op) ({b.sel(b.recorded('gpunode:nfs_rpc_queue_seconds_per_request:'))})",
-              f"slot wait {{{{{node}}}}} {{{{op}}}}"),
-             (f"max by ({node}, op) ({b.sel(b.recorded('gpunode:nfs_rpc_rtt_seconds_per_request:'))})",
-              f"network+server {{{{{node}}}}} {{{{op}}}}")])
-    b.panel(timeseries.Panel(), "NFS slot table saturation",
-            "Per node and mount, mean requests in flight per send over the transport's slots; near 1 with a "
-            f"backlog for {duration(spec['nfs']['slot_wait_for'])} fires NfsSlotTableSaturated.", "percentunit",
-            [(f"max by ({node}, mountpoint) ({b.sel(b.recorded('gpunode:nfs_transport_slot_saturation:'))})",
-              f"{{{{{node}}}}} {{{{mountpoint}}}}")])
+    queue, rtt = b.rec("gpunode:nfs_rpc_queue_seconds_per_request:"), b.rec("gpunode:nfs_rpc_rtt_seconds_per_request:")
+    b.panel(time_series(), "NFS time per request: slot wait against network + server",
+            "Per operation, the mean over nodes of the time a request waited for an RPC slot (queue) and of the "
+            "time the network and server took (rtt). Queue above rtt means more slots, not a faster link, "
+            "would help (seed 000: save WRITEs waited 1,495 of 1,621 ms). NfsSlotWaitDominates, "
+            "NfsBandwidthParadox.", "s",
+            [Query(f"avg by (op) ({queue})", "slot wait {{op}}"),
+             Query(f"avg by (op) ({rtt})", "network+server {{op}}")])
+    b.panel(table_panel(), "Nodes waiting longest for an RPC slot",
+            f"The {TOP} node and operation pairs with the longest mean slot wait per request now, beside their "
+            "network + server time.", "s",
+            [Query(f"topk({TOP}, max by ({node}, op) ({queue}))"),
+             Query(f"max by ({node}, op) ({rtt}) and on ({node}, op) topk({TOP}, max by ({node}, op) ({queue}))")],
+            width=6, instant=True)
+    b.panel(time_series(), "NFS slot table saturation (highest nodes)",
+            f"The {TOP} nodes whose transports run fullest: mean requests in flight per send over the "
+            "transport's slots. Near 1 with a backlog for "
+            f"{duration(spec['nfs']['slot_wait_for'])} fires NfsSlotTableSaturated.", "percentunit",
+            [Query(f"topk({TOP}, max by ({node}) ({b.rec('gpunode:nfs_transport_slot_saturation:')}))", by_node)],
+            width=6)
 
     b.row("Checkpoints")
-    b.panel(statetimeline.Panel(), "Checkpoint phase per node",
-            "0 training, 1 saving (writing to NFS faster than checkpoint.save_write_bytes), 2 loading (reading "
-            "from NFS with the GPUs idle; needs dcgm-exporter), as the rule pack classifies each node (seed 000 "
-            "4.2.1).", "short",
-            [(b.sel(b.recorded("gpunode:checkpoint_phase:node")), f"{{{{{node}}}}}")])
-    window = duration(spec["checkpoint"]["interval_window"])
-    b.panel(timeseries.Panel(), "Checkpoint interval against its Young/Daly optimum",
-            f"Per node, the mean time between saves over {window}, and the optimum sqrt(2 x save duration x "
-            "MTBF) for its save duration and checkpoint.mtbf_seconds. CheckpointIntervalTooLong fires when the "
-            "peer group's interval exceeds interval_factor times the optimum.", "s",
-            [(b.sel(b.recorded(f"gpunode:checkpoint_interval_seconds:avg{window}")), f"interval {{{{{node}}}}}"),
-             (b.sel(b.recorded("gpunode:checkpoint_interval_seconds:young_daly")), f"optimum {{{{{node}}}}}")])
-    b.panel(timeseries.Panel(), "Checkpoint cost: time lost to saves and expected rework",
-            "Per node, delta/T + T/(2 MTBF) for its interval T and save duration delta, against the same at the "
-            "Young/Daly optimum: the share of training time that checkpointing costs.", "percentunit",
-            [(b.sel(b.recorded(f"gpunode:checkpoint_cost_ratio:avg{window}")), f"now {{{{{node}}}}}"),
-             (b.sel(b.recorded("gpunode:checkpoint_cost_ratio:young_daly")), f"at the optimum {{{{{node}}}}}")])
+    b.panel(phases(state_timeline()), "Checkpoint phase per node",
+            "Training, saving (writing to NFS faster than checkpoint.save_write_bytes) or loading (reading from "
+            "NFS with the GPUs idle), as the rule pack classifies each node (seed 000 4.2.1). The nodes of a job "
+            "save together; one that doesn't is worth a look.", "short",
+            [Query(b.rec("gpunode:checkpoint_phase:node"), by_node)], width=24)
+    window, peers = duration(spec["checkpoint"]["interval_window"]), ", ".join(spec["labels"]["peer_group"])
+    group = "{{" + "}} {{".join(spec["labels"]["peer_group"]) + "}}"
+
+    def median(prefix: str) -> str:
+        return f"quantile by ({peers}) (0.5, {b.rec(prefix)})"
+    b.panel(time_series(), "Checkpoint interval against its Young/Daly optimum",
+            f"Per peer group, the median over nodes of the mean time between saves over {window}, and of the "
+            "optimum sqrt(2 x save duration x MTBF) for the save duration and checkpoint.mtbf_seconds. "
+            "CheckpointIntervalTooLong fires when the interval exceeds checkpoint.interval_factor times the "
+            "optimum (seed 000: 133.5 min against 44.9).", "s",
+            [Query(median(f"gpunode:checkpoint_interval_seconds:avg{window}"), f"interval {group}"),
+             Query(median("gpunode:checkpoint_interval_seconds:young_daly"), f"optimum {group}")], needs=(SAVES,))
+    b.panel(time_series(), "Checkpoint cost: time lost to saves and expected rework",
+            "Per peer group, the median of delta/T + T/(2 MTBF) for the nodes' interval T and save duration "
+            "delta, against the same at the Young/Daly optimum: the share of training time checkpointing "
+            "costs (seed 000: 2.20 % against 1.72 %).", "percentunit",
+            [Query(median(f"gpunode:checkpoint_cost_ratio:avg{window}"), f"now {group}"),
+             Query(median("gpunode:checkpoint_cost_ratio:young_daly"), f"at the optimum {group}")], needs=(SAVES,))
 
 
 def describe(_spec: dict[str, Any]) -> tuple[str, str, str]:

@@ -1,115 +1,166 @@
-"""The node dashboard: one node's GPUs, XIDs, checkpoint data path (seed 000's Figure 9 order),
-NFS operations and storage network."""
+"""The node dashboard: one node's alerts, GPUs, XIDs, checkpoint data path (seed 000's Figure 9
+order), NFS operations, storage network and checkpoints."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from grafana_foundation_sdk.builders import statetimeline, table, timeseries
-
-from exporter.dashboards.board import DCGM, NFS_MOUNT, PFC, Board
+from exporter.dashboards.board import (
+    NFS_MOUNT,
+    PFC,
+    SAVES,
+    Board,
+    Query,
+    phases,
+    state_timeline,
+    table_panel,
+    time_series,
+)
+from exporter.rulepack import duration
 
 
 def build(b: Board) -> None:
     spec = b.spec
-    nfs_bytes_filter = [spec["checkpoint"]["mounts"]] if spec["checkpoint"]["mounts"] else []
+    mounts = [spec["checkpoint"]["mounts"]] if spec["checkpoint"]["mounts"] else []
 
-    def rate(metric: str, source: str = "gpunode", *matchers: str) -> str:
-        return f"rate({b.sel(metric, source, *matchers)}[$__rate_interval])"
+    def rate(metric: str, *matchers: str) -> str:
+        return f"rate({b.q(metric, *matchers)}[$__rate_interval])"
+
+    b.row("Alerts")
+    b.panel(table_panel(), "Firing alerts on this node",
+            "The rule pack's alerts firing now on this node (and its peer group's, which name no node), with "
+            "their labels; each alert's runbook_url annotation leads to its runbook (docs/runbooks/).", "short",
+            [Query(b.alerts())], width=24, instant=True)
 
     b.row("GPUs")
-    b.panel(timeseries.Panel(), "Remapped rows per GPU",
-            "Rows each GPU remapped to spare rows, by cause. Uncorrectable steps come with XID 94/95 (gpu122); "
-            "correctable ones accelerating precede a lost GPU (gpu124).", "short",
-            [(b.sel("gpunode_gpu_remapped_rows_total"), "GPU {{gpu}} {{cause}}")])
-    b.panel(timeseries.Panel(), "Spare-row banks per GPU",
-            "Memory banks by how many spare rows they have left (max, high, partial, low, none). A bank with "
-            "none cannot remap again: GpuRowRemapBanksExhausted.", "short",
-            [(b.sel("gpunode_gpu_remap_banks", "gpunode", 'availability!="max"'), "GPU {{gpu}} {{availability}}")])
-    b.panel(statetimeline.Panel(), "GPU up, remap pending, remap failed",
-            "Per GPU: up (0 = lost: GPU_IS_LOST or config space all-ones), a remap pending the next reset, a "
-            "failed remap (replace the GPU).", "short",
-            [(b.sel("gpunode_gpu_up"), "up GPU {{gpu}}"),
-             (b.sel("gpunode_gpu_row_remap_pending"), "pending GPU {{gpu}}"),
-             (b.sel("gpunode_gpu_row_remap_failure"), "failed GPU {{gpu}}")])
-    b.panel(timeseries.Panel(), "PCIe link width against its maximum",
-            "Each GPU's current PCIe link width and its maximum; narrower for long fires GpuPcieLinkDegraded "
-            "(no XID is logged; host transfers slow down).", "short",
-            [(b.sel("gpunode_gpu_pcie_link_width"), "GPU {{gpu}} {{kind}}")])
+    b.panel(time_series(), "Remapped rows per GPU",
+            "Rows each GPU remapped to spare rows, by cause. Uncorrectable steps come with XID 94/95 (gpu122; "
+            "GpuRowRemapUncorrectableIncrease); correctable ones accelerating precede a lost GPU (gpu124; "
+            "GpuRowRemapCorrectableAcceleration).", "short",
+            [Query(b.q("gpunode_gpu_remapped_rows_total"), "GPU {{gpu}} {{cause}}")])
+    b.panel(time_series(), "Memory banks short of spare rows, per GPU",
+            "Memory banks by how many spare rows they have left: high, partial, low, none (banks with all "
+            "their spares, max, are most and left out). A bank with none cannot remap again: "
+            "GpuRowRemapBanksExhausted.", "short",
+            [Query(b.q("gpunode_gpu_remap_banks", 'availability!="max"'), "GPU {{gpu}} {{availability}}")])
+    b.panel(state_timeline(), "GPU up, remap pending, remap failed, recovery action",
+            "Per GPU: up (0 = lost: GPU_IS_LOST or config space all-ones; GpuDown), a remap pending the next "
+            "reset (GpuRowRemapPending), a failed remap (replace the GPU; GpuRowRemapFailure), and the recovery "
+            "action the driver asks for (Xid 154: 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset; "
+            "GpuRecoveryActionRequired).", "short",
+            [Query(b.q("gpunode_gpu_up"), "up GPU {{gpu}}"),
+             Query(b.q("gpunode_gpu_row_remap_pending"), "pending GPU {{gpu}}"),
+             Query(b.q("gpunode_gpu_row_remap_failure"), "failed GPU {{gpu}}"),
+             Query(b.q("gpunode_gpu_recovery_action"), "recovery GPU {{gpu}}")])
+    b.panel(time_series(), "PCIe link against its maximum",
+            "Each GPU's current PCIe link width and generation against their maximum. Narrower (or, while "
+            "busy, slower) for long fires GpuPcieLinkDegraded: no XID is logged, host transfers slow down "
+            "(Minder's PCIe downgrade). An idle GPU may lower its generation to save power.", "short",
+            [Query(b.q("gpunode_gpu_pcie_link_width"), "width GPU {{gpu}} {{kind}}"),
+             Query(b.q("gpunode_gpu_pcie_link_generation"), "generation GPU {{gpu}} {{kind}}")])
 
     b.row("XID errors")
-    b.panel(timeseries.Panel(), "XID events per GPU and code",
-            "XIDs logged in the interval per GPU and code, with NVIDIA's action. increase() misses the first "
-            "XID of a new series: the table lists every code seen.", "short",
-            [(f"sum by (gpu, xid, action) (increase({b.sel('gpunode_xid_errors_total')}[$__rate_interval]))",
-              "GPU {{gpu}} Xid {{xid}} {{action}}")])
-    b.panel(table.Panel(), "XIDs since boot, with the last time each was logged",
+    b.panel(time_series(), "XID events per GPU and code",
+            "XIDs logged in the interval per GPU and code, with NVIDIA's action (GpuXidHardwareFault, "
+            "GpuXidApplicationFault). increase() misses the first XID of a new series: the table lists every "
+            "code seen.", "short",
+            [Query(f"sum by (gpu, xid, action) (increase({b.q('gpunode_xid_errors_total')}[$__rate_interval]))",
+                   "GPU {{gpu}} Xid {{xid}} {{action}}")])
+    b.panel(table_panel(), "XIDs since boot, with the last time each was logged",
             "Every GPU and XID code logged since the node booted (counts survive exporter restarts), and when "
             "it was last logged.", "short",
-            [(b.sel("gpunode_xid_errors_total"), ""),
-             (f"{b.sel('gpunode_xid_last_event_timestamp_seconds')} * 1000", "")], instant=True)
+            [Query(b.q("gpunode_xid_errors_total")),
+             Query(f"{b.q('gpunode_xid_last_event_timestamp_seconds')} * 1000", unit="dateTimeAsIso")], instant=True)
 
-    b.row("Checkpoint data path (seed 000, Figure 9: save from top to bottom)")
-    b.panel(timeseries.Panel(), "1. GPU utilisation",
+    b.row("Checkpoint data path, in the order a save flows (seed 000, Figure 9)")
+    b.panel(time_series(), "1. GPU utilisation",
             "dcgm-exporter's utilisation per GPU: it dips while a save copies tensors out, and stays low while "
-            "a restart loads.", "percent",
-            [(b.sel("DCGM_FI_DEV_GPU_UTIL", "dcgm"), f"GPU {{{{{spec['labels']['dcgm_gpu']}}}}}")],
-            width=8, needs=DCGM)
-    b.panel(timeseries.Panel(), "2. Staging used",
-            "Bytes used on the staging filesystems (default /dev/shm): a save lands here before it goes to NFS.",
-            "bytes", [(b.sel("gpunode_staging_used_bytes"), "{{path}}")], width=8)
-    b.panel(timeseries.Panel(), "3. GPU processes' write() and read() bytes",
-            "Bytes the processes holding GPUs pass to write() and read() (rchar/wchar), monotonic across "
-            "process exits: what the job itself moves.", "Bps",
-            [(rate("gpunode_gpu_process_write_bytes_total"), "write()"),
-             (rate("gpunode_gpu_process_read_bytes_total"), "read()")], width=8)
-    b.panel(timeseries.Panel(), "4. Dirty and writeback page cache",
+            "a restart loads (the load phase needs it).", "percent",
+            [Query(b.q("DCGM_FI_DEV_GPU_UTIL"), f"GPU {{{{{spec['labels']['dcgm_gpu']}}}}}")], width=8)
+    b.panel(time_series(), "2. Staging used",
+            "Bytes used on the staging filesystems (default /dev/shm, which node_exporter hides): a save lands "
+            "here before it goes to NFS.", "bytes",
+            [Query(b.q("gpunode_staging_used_bytes"), "{{path}}")], width=8)
+    b.panel(time_series(), "3. GPU processes' write() and read() bytes",
+            "Bytes the processes holding GPUs pass to write() and read() (wchar/rchar), monotonic across "
+            "process exits: what the job itself moves. A load first fills the page cache from NFS with few "
+            "read() calls, then read()s surge.", "Bps",
+            [Query(rate("gpunode_gpu_process_write_bytes_total"), "write()"),
+             Query(rate("gpunode_gpu_process_read_bytes_total"), "read()")], width=8)
+    b.panel(time_series(), "4. Dirty and writeback page cache",
             "node_exporter's Dirty and Writeback bytes: written data waiting for, and being sent to, NFS.",
-            "bytes", [(b.sel("node_memory_Dirty_bytes", "node"), "dirty"),
-                      (b.sel("node_memory_Writeback_bytes", "node"), "writeback")], width=8)
-    write = rate("gpunode_nfs_rpc_sent_bytes_total", "gpunode", 'op="WRITE"', *nfs_bytes_filter)
-    read = rate("gpunode_nfs_rpc_received_bytes_total", "gpunode", 'op="READ"', *nfs_bytes_filter)
-    b.panel(timeseries.Panel(), "5. NFS WRITE and READ bytes, and RPC backlog",
-            "Bytes sent by WRITE and received by READ requests, summed over mounts; and requests queued for "
-            "an RPC slot per send (right axis in your head: a count). A save is a WRITE burst; a backlog above 0 "
-            "means the slot table is full.", "Bps",
-            [(f"sum({write})", "WRITE"), (f"sum({read})", "READ"),
-             (f"max by (mountpoint) ({b.sel(b.recorded('gpunode:nfs_transport_backlog:'))})",
-              "backlog per send {{mountpoint}}")], width=8)
-    nfs = 'fstype=~"nfs.*"'
-    b.panel(timeseries.Panel(), "6. Storage used",
+            "bytes", [Query(b.q("node_memory_Dirty_bytes"), "dirty"),
+                      Query(b.q("node_memory_Writeback_bytes"), "writeback")], width=8)
+    write = rate("gpunode_nfs_rpc_sent_bytes_total", 'op="WRITE"', *mounts)
+    read = rate("gpunode_nfs_rpc_received_bytes_total", 'op="READ"', *mounts)
+    b.panel(time_series(), "5. NFS WRITE and READ bytes, and RPC backlog",
+            "Bytes sent by WRITE and received by READ requests, summed over the mounts the checkpoint phases "
+            "count (checkpoint.mounts); and, on the right axis, requests waiting for an RPC slot per send: "
+            "above 0 the slot table is full (NfsSlotTableSaturated).", "Bps",
+            [Query(f"sum({write})", "WRITE"), Query(f"sum({read})", "READ"),
+             Query(f"max by (mountpoint) ({b.rec('gpunode:nfs_transport_backlog:')})", "backlog {{mountpoint}}",
+                   unit="short", right=True)], width=8)
+    nfs = 'fstype=~"nfs4?"'
+    b.panel(time_series(), "6. Storage used",
             "Bytes used on the node's NFS filesystems (node_exporter): where the save ends.", "bytes",
-            [(f"{b.sel('node_filesystem_size_bytes', 'node', nfs)} - "
-              f"{b.sel('node_filesystem_avail_bytes', 'node', nfs)}", "{{mountpoint}}")],
-            width=8, needs=NFS_MOUNT)
+            [Query(f"{b.q('node_filesystem_size_bytes', nfs)} - {b.q('node_filesystem_avail_bytes', nfs)}",
+                   "{{mountpoint}}")], width=8, needs=(NFS_MOUNT,))
 
     b.row("NFS operations")
-    b.panel(timeseries.Panel(), "Time per request by operation: slot wait against network + server",
-            "Per mount and operation, the mean slot wait (queue) and network + server time (rtt) per request.",
-            "s", [(b.sel(b.recorded("gpunode:nfs_rpc_queue_seconds_per_request:")), "wait {{op}} {{mountpoint}}"),
-                  (b.sel(b.recorded("gpunode:nfs_rpc_rtt_seconds_per_request:")), "rtt {{op}} {{mountpoint}}")])
-    b.panel(timeseries.Panel(), "Requests per second by operation",
+    b.panel(time_series(), "Time per request by operation: slot wait against network + server",
+            "Per mount and operation, the mean slot wait (queue) and network + server time (rtt) per request. "
+            "Queue above rtt: more slots, not a faster link, would help (NfsSlotWaitDominates, "
+            "NfsBandwidthParadox).", "s",
+            [Query(b.rec("gpunode:nfs_rpc_queue_seconds_per_request:"), "slot wait {{op}} {{mountpoint}}"),
+             Query(b.rec("gpunode:nfs_rpc_rtt_seconds_per_request:"), "network+server {{op}} {{mountpoint}}")])
+    b.panel(time_series(), "Requests per second by operation",
             "NFS requests per second per mount and operation (the operations in spec nfs.ops).", "reqps",
-            [(b.sel(b.recorded("gpunode:nfs_rpc_operations:")), "{{op}} {{mountpoint}}")])
+            [Query(b.rec("gpunode:nfs_rpc_operations:"), "{{op}} {{mountpoint}}")], width=6)
+    b.panel(time_series(), "RPC slot table saturation",
+            "Per transport, mean requests in flight per send over its slots (max_slots, or the sunrpc limit for "
+            "rdma); near 1 with a backlog fires NfsSlotTableSaturated (seed 000's loads: 128 slots full).",
+            "percentunit",
+            [Query(b.rec("gpunode:nfs_transport_slot_saturation:"), "{{mountpoint}} {{transport}}")], width=6)
 
     b.row("Storage network")
-    b.panel(timeseries.Panel(), "RoCE congestion: ECN marks and CNPs",
+    b.panel(time_series(), "RoCE congestion: ECN marks and CNPs",
             "Per RDMA port: packets arriving ECN-marked, congestion notifications sent and handled. They "
-            "surge on a PCIe-downgraded or congested node (Minder).", "pps",
-            [(rate("gpunode_rdma_ecn_marked_packets_total"), "ECN marked {{device}}"),
-             (rate("gpunode_rdma_cnp_sent_total"), "CNP sent {{device}}"),
-             (rate("gpunode_rdma_cnp_handled_total"), "CNP handled {{device}}")], width=8)
-    b.panel(timeseries.Panel(), "PFC pause frames",
-            "Priority flow control pause frames per interface, direction and priority: a lossless RoCE fabric "
-            "pausing this node.", "pps",
-            [(rate("gpunode_network_pfc_pause_frames_total"), "{{device}} {{direction}} prio {{priority}}")],
-            width=8, needs=PFC)
-    b.panel(timeseries.Panel(), "Storage link utilisation",
+            "surge on a PCIe-downgraded or congested node (Minder); precursor signals roce_ecn and roce_cnp.",
+            "pps",
+            [Query(rate("gpunode_rdma_ecn_marked_packets_total"), "ECN marked {{device}} {{port}}"),
+             Query(rate("gpunode_rdma_cnp_sent_total"), "CNP sent {{device}} {{port}}"),
+             Query(rate("gpunode_rdma_cnp_handled_total"), "CNP handled {{device}} {{port}}")], width=8)
+    b.panel(time_series(), "PFC pause frames",
+            "Priority flow control pause frames per interface, direction and priority: rx, the switch asks this "
+            "node to stop; tx, this node asks it (Minder: PFC Tx was the most sensitive signal).", "pps",
+            [Query(rate("gpunode_network_pfc_pause_frames_total"), "{{device}} {{direction}} prio {{priority}}")],
+            width=8, needs=(PFC,))
+    b.panel(time_series(), "Storage link utilisation",
             "Bytes per second through each storage interface (kernel and RDMA counters) over its link speed. "
             "Slot wait dominating at a low utilisation is NfsBandwidthParadox (seed 000: 1.4 % during saves).",
-            "percentunit", [(b.sel(b.recorded("gpunode:storage_link_utilization:")), "{{device}}")], width=8)
+            "percentunit", [Query(b.rec("gpunode:storage_link_utilization:"), "{{device}}")], width=8)
+
+    b.row("Checkpoints")
+    window = duration(spec["checkpoint"]["interval_window"])
+    b.panel(phases(state_timeline()), "Checkpoint phase",
+            "Training, saving or loading, as the rule pack classifies this node (seed 000 4.2.1); "
+            "CheckpointLoadSlow fires on a load longer than checkpoint.load_slow_seconds.", "short",
+            [Query(b.rec("gpunode:checkpoint_phase:node"), "phase")], width=8)
+    b.panel(time_series(), "Checkpoint interval and save duration against Young/Daly",
+            "This node's mean time between saves and its Young/Daly optimum sqrt(2 x save duration x MTBF), "
+            "and the mean save duration, all over checkpoint.interval_window.", "s",
+            [Query(b.rec(f"gpunode:checkpoint_interval_seconds:avg{window}"), "interval"),
+             Query(b.rec("gpunode:checkpoint_interval_seconds:young_daly"), "optimum"),
+             Query(b.rec(f"gpunode:checkpoint_save_duration_seconds:avg{window}"), "save duration")],
+            width=8, needs=(SAVES,))
+    b.panel(time_series(), "Checkpoint cost against Young/Daly",
+            "delta/T + T/(2 MTBF): the share of training time this node's checkpointing costs at its interval, "
+            "and at the optimum.", "percentunit",
+            [Query(b.rec(f"gpunode:checkpoint_cost_ratio:avg{window}"), "now"),
+             Query(b.rec("gpunode:checkpoint_cost_ratio:young_daly"), "at the optimum")], width=8, needs=(SAVES,))
 
 
 def describe(_spec: dict[str, Any]) -> tuple[str, str, str]:
     return ("gpunode-node", "GPU nodes: node",
-            "One GPU node: GPU memory health, XIDs, the checkpoint data path, NFS and the storage network.")
+            "One GPU node: alerts, GPU memory health, XIDs, the checkpoint data path, NFS, the storage network "
+            "and checkpoints.")
