@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from fleet import harness, scenario, score
@@ -40,6 +42,12 @@ def report(name: str, results: dict[str, tuple[harness.Run, score.Score]], nodes
     return "\n".join(lines) + "\n"
 
 
+def _dump(path: Path, run: harness.Run, s: score.Score) -> None:
+    """Every alert episode, the false ones marked: for finding what set them off."""
+    false = {id(f) for f in s.false_alerts}
+    path.write_text(json.dumps([{**asdict(f), "false": id(f) in false} for f in run.firing], indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fleet", description=__doc__)
     parser.add_argument("--scenario", action="append", help="fleet/scenarios/NAME.yaml or a file (default: standard)")
@@ -58,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             run = harness.run(backend, fleet, args.workdir / sc.name / backend, PORTS[backend])
             s = score.score(run.firing, fleet.truth(), [node_name(n) for n in range(sc.nodes)], sc.duration)
             results[backend] = (run, s)
+            _dump(args.workdir / sc.name / backend / "alerts.json", run, s)
             print(f"{sc.name} {backend}: recall {s.recall:.2f} precision {s.precision:.2f} "
                   f"false/1000 node-days {s.false_per_1000_node_days:.2f} in {time.monotonic() - began:.0f} s",
                   flush=True)

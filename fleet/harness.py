@@ -32,7 +32,14 @@ from exporter.rulepack import load_spec, render
 from fleet.simulate import Fleet, Series
 
 BACKENDS = ("prometheus", "victoriametrics")
+# promtool holds a whole file's series in memory: one file of the 60-node week (26 GB of text)
+# had grown it to 13.5 GB RSS with no block written after 5 min; 5 nodes take 2.3 GB.
 NODES_PER_BACKFILL = 5
+# Without it promtool cuts 2 h blocks and parses the whole file once per block (quadratic):
+# a 5-node week took over 370 s, with it 45 s. 486 h is the largest block range Prometheus
+# compacts to (2 h x 3^5), so a week is one or two blocks per file.
+MAX_BLOCK = "486h"
+PARALLEL_BACKFILLS = 2
 TOOLS = {"prometheus": ("prometheus", "promtool"), "victoriametrics": ("victoria-metrics",), "vmalert": ("vmalert",)}
 
 
@@ -82,6 +89,33 @@ def write_vm_import(series: Iterable[Series], timestamps: np.ndarray, path: Path
     return count
 
 
+def _backfill(fleet: Fleet, workdir: Path, data: Path) -> int:
+    """The fleet as TSDB blocks in data, NODES_PER_BACKFILL nodes per promtool run; the next
+    file is written while earlier ones are converted. The blocks overlap in time, which
+    Prometheus merges at query time."""
+    running: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def reap(keep: int) -> None:
+        while len(running) > keep:
+            proc, text = running.pop(0)
+            _, err = proc.communicate()
+            text.unlink()
+            if proc.returncode != 0:
+                raise RuntimeError(f"promtool backfill of {text.name} failed: {err.decode()[-2000:]}")
+
+    samples = 0
+    for first in range(0, fleet.s.nodes, NODES_PER_BACKFILL):
+        text = workdir / f"series-{first:04d}.om"
+        samples += write_openmetrics(fleet.series(range(first, min(first + NODES_PER_BACKFILL, fleet.s.nodes))),
+                                     fleet.timestamps, text)
+        reap(PARALLEL_BACKFILLS - 1)
+        running.append((subprocess.Popen(
+            ["promtool", "tsdb", "create-blocks-from", "openmetrics", f"--max-block-duration={MAX_BLOCK}",
+             "--quiet", str(text), str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), text))
+    reap(0)
+    return samples
+
+
 def _wait(url: str, proc: subprocess.Popen[bytes], seconds: float = 120) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -120,7 +154,8 @@ class Run:
 
 def run(backend: str, fleet: Fleet, workdir: Path, port: int, spec_path: Path | None = None) -> Run:
     """Load the fleet into backend, replay the rule pack, return the alert episodes."""
-    workdir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(workdir, ignore_errors=True)  # a stale data directory would add its series twice
+    workdir.mkdir(parents=True)
     rules = workdir / "rules"
     rules.mkdir(exist_ok=True)
     spec = load_spec(spec_path)
@@ -128,16 +163,8 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int, spec_path: Path | 
     began = time.monotonic()
     url = f"http://127.0.0.1:{port}"
     if backend == "prometheus":
-        # A few nodes per file: promtool holds a whole file's series in memory (one file of the
-        # 60-node week, 26 GB of text, had grown to 13.5 GB RSS with no block written after 5 min).
-        # The blocks overlap in time, which Prometheus merges.
-        text, data, samples = workdir / "series.om", workdir / "prometheus-data", 0
-        for first in range(0, fleet.s.nodes, NODES_PER_BACKFILL):
-            samples += write_openmetrics(fleet.series(range(first, min(first + NODES_PER_BACKFILL, fleet.s.nodes))),
-                                         fleet.timestamps, text)
-            subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(text), str(data)],
-                           check=True, capture_output=True)
-        text.unlink()
+        data = workdir / "prometheus-data"
+        samples = _backfill(fleet, workdir, data)
         config = workdir / "prometheus.yml"
         # Recording rules and ALERTS arrive by remote write with past timestamps: accept them.
         window = int(fleet.s.duration // 3600 + 48)
@@ -150,7 +177,9 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int, spec_path: Path | 
     else:
         data = workdir / "vm-data"
         server = ["victoria-metrics", f"-storageDataPath={data}", f"-httpListenAddr=127.0.0.1:{port}",
-                  "-retentionPeriod=100y", "-search.disableCache", "-search.latencyOffset=0s"]
+                  "-retentionPeriod=100y", "-search.disableCache", "-search.latencyOffset=0s",
+                  # one replay write holds up to 1000 series x 10,000 points: more than the default 32 MB
+                  "-maxInsertRequestSize=1GB"]
         write_url, ready = url, f"{url}/health"
         samples = 0
     with _server(server, ready, workdir / f"{backend}.log"):
@@ -171,17 +200,21 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int, spec_path: Path | 
         for n, rule in enumerate(_one_rule_files(rule_files)):
             path = rules / f"rule-{n:03d}.yml"
             path.write_text(yaml.safe_dump(rule, sort_keys=False))
-            replay = subprocess.run(
-                ["vmalert", f"-rule={path}", f"-datasource.url={url}", f"-remoteWrite.url={write_url}",
-                 f"-replay.timeFrom={_rfc3339(fleet.timestamps[0])}", f"-replay.timeTo={_rfc3339(end)}",
-                 "-replay.maxDatapointsPerQuery=10000", "-replay.rulesDelay=0s", "-replay.disableProgressBar",
-                 "-remoteWrite.flushInterval=100ms", "-datasource.lookback=0s", "-loggerLevel=WARN"],
-                capture_output=True, text=True)
-            log.append(f"--- {path.name}\n{replay.stderr}")
-            if replay.returncode != 0:
-                raise RuntimeError(f"vmalert replay of {path} failed: {replay.stderr[-2000:]}")
-            if backend == "victoriametrics":
-                requests.get(f"{url}/internal/force_flush", timeout=60).raise_for_status()
+            for begin, until in _spans(rule, fleet.timestamps[0], end):
+                replay = subprocess.run(
+                    ["vmalert", f"-rule={path}", f"-datasource.url={url}", f"-remoteWrite.url={write_url}",
+                     f"-replay.timeFrom={_rfc3339(begin)}", f"-replay.timeTo={_rfc3339(until)}",
+                     "-replay.maxDatapointsPerQuery=10000", "-replay.rulesDelay=0s", "-replay.disableProgressBar",
+                     "-remoteWrite.flushInterval=100ms", "-datasource.lookback=0s", "-loggerLevel=WARN",
+                     # the rule's interval as the range query's step: the default (5m) evaluated every
+                     # rule on a 5-minute grid, which delayed each for: by up to 5 minutes
+                     "-datasource.queryStep=0s"],
+                    capture_output=True, text=True)
+                log.append(f"--- {path.name} {_rfc3339(begin)}\n{replay.stderr}")
+                if replay.returncode != 0 or "dropping" in replay.stderr:  # a lost write would score as silence
+                    raise RuntimeError(f"vmalert replay of {path} failed: {replay.stderr[-2000:]}")
+                if backend == "victoriametrics":
+                    requests.get(f"{url}/internal/force_flush", timeout=60).raise_for_status()
         (workdir / "vmalert-replay.log").write_text("".join(log))
         firing = _alerts(url, fleet.timestamps[0], end, spec["intervals"]["default"], _holds(rule_files))
     return Run(backend, firing, loaded - began, time.monotonic() - loaded, samples)
@@ -202,6 +235,26 @@ def _one_rule_files(rule_files: list[dict[str, Any]]) -> Iterator[dict[str, Any]
             for n, rule in enumerate(group["rules"]):
                 single = {k: v for k, v in group.items() if k != "rules"}
                 yield {"groups": [{**single, "name": f"{group['name']}-{n:02d}", "rules": [rule]}]}
+
+
+def _spans(rule_file: dict[str, Any], start: float, end: float) -> list[tuple[float, float]]:
+    """The replay's time spans for a one-rule file: the whole range in one replay, except for a
+    recording rule that reads its own past (the XID episode start): a replay answers a whole
+    span from one range query, in which the rule's own output does not exist yet, so such a
+    rule is replayed one evaluation at a time."""
+    group = rule_file["groups"][0]
+    rule = group["rules"][0]
+    if "record" not in rule or rule["record"] not in rule["expr"]:
+        return [(start, end)]
+    step = _seconds(group.get("interval", "1m"))
+    first = start - start % step + (step if start % step else 0)  # vmalert aligns evaluations to the interval
+    return [(t, t + step) for t in np.arange(first, end, step)]
+
+
+def _seconds(text: str) -> float:
+    """A Prometheus duration (4m, 1h30m) in seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    return float(sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([smhd])", str(text))))
 
 
 def _rfc3339(ts: float) -> str:
@@ -243,12 +296,10 @@ def _alerts(url: str, start: float, end: float, step: float, holds: dict[str, fl
 
 def _holds(rule_files: Iterable[dict[str, Any]]) -> dict[str, float]:
     """Alert name -> its `for:` in seconds."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     holds = {}
     for rule_file in rule_files:
         for group in rule_file["groups"]:
             for rule in group["rules"]:
                 if "alert" in rule:
-                    text = str(rule.get("for", "0s"))
-                    holds[rule["alert"]] = float(sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([smhd])", text)))
+                    holds[rule["alert"]] = _seconds(rule.get("for", "0s"))
     return holds

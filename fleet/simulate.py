@@ -94,9 +94,11 @@ class Fleet:
         training = np.zeros(t.size, bool)
         for a, b in s.sessions:
             training |= self._between(a, b)
+        drained = np.zeros(t.size, bool)
         for d in distractors:
             if d.kind == "drain":
-                training &= ~self._between(d.at, d.at + d.duration("lasts", 4 * 3600))
+                drained |= self._between(d.at, d.at + d.duration("lasts", 4 * 3600))
+        training &= ~drained
         save = training & ((t % s.checkpoint_every) < s.step)
         busy = training & ~save
         slow = np.ones(t.size)
@@ -151,6 +153,7 @@ class Fleet:
             if f.kind == "getattr_spike":
                 pgpgout[self._between(f.at - lead, f.at + 600)] *= 50
         yield emit("node_intr_total", "node", self._counter(intr))
+        yield emit("node_out_of_service", "node", drained * 1.0)  # the drain hook's textfile metric
         yield emit("node_procs_running", "node", np.maximum(0, procs + self.rng.normal(0, 3, t.size)).round())
         yield emit("node_vmstat_pgpgout", "node", self._counter(pgpgout))
         nic = np.where(busy, 1.2e9 * slow, np.where(save, 1.2e9 + SAVE_BYTES / s.step, 1e6)) * self._noise(0.02)

@@ -63,7 +63,12 @@ def _environment(spec: dict[str, Any], target: str) -> jinja2.Environment:
     def m(metric: str, source: str, *matchers: str) -> str:
         return selector(spec, metric, source, *matchers)
 
-    env.globals.update(spec=spec, target=target, m=m, node=spec["labels"]["node"],
+    def in_service(expr: str) -> str:
+        """expr without the nodes spec.out_of_service marks (drained, cordoned): they are no peers."""
+        marked = spec["out_of_service"]
+        return f"({expr} unless on ({spec['labels']['node']}) ({marked}))" if marked else expr
+
+    env.globals.update(spec=spec, target=target, m=m, in_service=in_service, node=spec["labels"]["node"],
                        peer=", ".join(spec["labels"]["peer_group"]))
     env.filters["duration"] = duration
     env.filters["window"] = lambda seconds: f"[{duration(seconds)}]"  # a range selector's [5m]
