@@ -1,4 +1,4 @@
-"""`python -m fleet [--scenario NAME|FILE] [--backend B] [--out FILE]`: simulate, replay, score, tabulate."""
+"""`python -m fleet [--scenario NAME|FILE] [--backend B] [--spec FILE] [--out FILE]`: simulate, replay, score."""
 
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fleet", description=__doc__)
     parser.add_argument("--scenario", action="append", help="fleet/scenarios/NAME.yaml or a file (default: standard)")
     parser.add_argument("--backend", action="append", choices=harness.BACKENDS)
+    parser.add_argument("--spec", type=Path, help="spec overrides, as for `rules render --spec`")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/gpunode-fleet"))
     parser.add_argument("--out", type=Path, help="write the results table here (e.g. docs/fleet-results.md)")
     args = parser.parse_args(argv)
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         results = {}
         for backend in args.backend or harness.BACKENDS:
             began = time.monotonic()
-            run = harness.run(backend, fleet, args.workdir / sc.name / backend, PORTS[backend])
+            run = harness.run(backend, fleet, args.workdir / sc.name / backend, PORTS[backend], args.spec)
             s = score.score(run.firing, fleet.truth(), [node_name(n) for n in range(sc.nodes)], sc.duration)
             results[backend] = (run, s)
             _dump(args.workdir / sc.name / backend / "alerts.json", run, s)

@@ -216,7 +216,7 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int, spec_path: Path | 
                 if backend == "victoriametrics":
                     requests.get(f"{url}/internal/force_flush", timeout=60).raise_for_status()
         (workdir / "vmalert-replay.log").write_text("".join(log))
-        firing = _alerts(url, fleet.timestamps[0], end, spec["intervals"]["default"], _holds(rule_files))
+        firing = _alerts(url, fleet.timestamps[0], end, _alert_timing(rule_files))
     return Run(backend, firing, loaded - began, time.monotonic() - loaded, samples)
 
 
@@ -261,45 +261,50 @@ def _rfc3339(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
-def _alerts(url: str, start: float, end: float, step: float, holds: dict[str, float]) -> list[Firing]:
+def _alerts(url: str, start: float, end: float, timing: dict[str, tuple[float, float]]) -> list[Firing]:
     """Alert episodes from the ALERTS series the replay wrote back.
 
     vmalert 1.79's replay writes an alert with `for:` as pending while its expression holds
     but never turns it to firing (seen on both backends). So `for:` is applied here, as
-    Prometheus does: an episode is a run of consecutive evaluations where the alert is
-    pending or firing, and it fires from the run's start + `for` if the run lasts that long.
+    Prometheus does: an episode is a run of consecutive evaluations (its group's interval
+    apart) where the alert is pending or firing, and it fires from the run's start + `for`
+    if the run lasts that long.
     """
     runs: dict[tuple[tuple[str, str], ...], set[float]] = {}
-    chunk = step * 10000
-    at = start
+    chunk = 300_000  # seconds of ALERTS per query: 10,000 samples at 30 s
+    at = start - 60  # VictoriaMetrics' range (t - d, t] leaves out a sample at its very start
     while at < end:
-        reply = requests.get(f"{url}/api/v1/query_range", timeout=600, params={
-            "query": "ALERTS", "start": at, "end": min(end, at + chunk), "step": step})
+        # The samples as written (a range vector), not query_range: a range query repeats a
+        # series' last sample for the lookback delta (Prometheus: 5 minutes), and the replay
+        # writes no staleness marker when an alert ends, so every episode would last 5 minutes
+        # longer and short ones would outlast their `for:`.
+        reply = requests.get(f"{url}/api/v1/query", timeout=600, params={
+            "query": f"ALERTS[{chunk:.0f}s]", "time": min(end, at + chunk)})
         reply.raise_for_status()
         for result in reply.json()["data"]["result"]:
             key = tuple(sorted((k, v) for k, v in result["metric"].items() if k not in ("__name__", "alertstate")))
             runs.setdefault(key, set()).update(float(v[0]) for v in result["values"])
-        at += chunk + step
+        at += chunk
     episodes = []
     for key, stamps in runs.items():
         labels = dict(key)
-        hold = holds.get(labels.get("alertname", ""), 0.0)
+        hold, interval = timing.get(labels.get("alertname", ""), (0.0, 30.0))
         times = sorted(stamps)
         first = times[0]
         for previous, current in zip(times, [*times[1:], None], strict=True):
-            if current is None or current - previous > 1.5 * step:
+            if current is None or current - previous > 1.5 * interval:
                 if previous - first >= hold:
                     episodes.append(Firing(labels.get("alertname", "?"), labels, first + hold, previous))
                 first = current if current is not None else first
     return episodes
 
 
-def _holds(rule_files: Iterable[dict[str, Any]]) -> dict[str, float]:
-    """Alert name -> its `for:` in seconds."""
-    holds = {}
+def _alert_timing(rule_files: Iterable[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Alert name -> (its `for:`, its group's interval) in seconds."""
+    timing = {}
     for rule_file in rule_files:
         for group in rule_file["groups"]:
             for rule in group["rules"]:
                 if "alert" in rule:
-                    holds[rule["alert"]] = _seconds(rule.get("for", "0s"))
-    return holds
+                    timing[rule["alert"]] = (_seconds(rule.get("for", "0s")), _seconds(group["interval"]))
+    return timing
