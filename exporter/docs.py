@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from exporter.cli import build_parser
@@ -56,8 +57,14 @@ def _shared(sub: argparse._SubParsersAction) -> set[str]:
 GENERATORS = {"metrics": metrics_table, "flags": flags_table}
 
 
+def fill(text: str, generators: dict[str, Callable[[], str]]) -> str:
+    """text with each <!-- BEGIN GENERATED: name --> ... <!-- END GENERATED: name --> block's
+    body replaced by generators[name]() (README.md here, docs/dashboards.md in dashboards.doc)."""
+    return _BLOCK.sub(lambda m: m.group(1) + generators[m.group(2)]() + m.group(3), text)
+
+
 def render(text: str) -> str:
-    return _BLOCK.sub(lambda m: m.group(1) + GENERATORS[m.group(2)]() + m.group(3), text)
+    return fill(text, GENERATORS)
 
 
 def main(argv: list[str]) -> int:

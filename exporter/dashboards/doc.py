@@ -5,16 +5,15 @@ python -m exporter.dashboards.doc docs/dashboards.md   rewrites the generated bl
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from exporter.dashboards import Built, build
 from exporter.dashboards.board import PanelInfo, needs_names
+from exporter.docs import fill
 from exporter.rulepack import load_spec
-
-_BLOCK = re.compile(r"(<!-- BEGIN GENERATED: (\w+) -->\n).*?(<!-- END GENERATED: \2 -->)", re.S)
 
 
 def panels_table(built: list[Built]) -> str:
@@ -44,7 +43,7 @@ GENERATORS = {"panels": panels_table, "dcgm": dcgm_list}
 
 def update(text: str, built: list[Built] | None = None) -> str:
     built = built if built is not None else build(load_spec())
-    return _BLOCK.sub(lambda m: m.group(1) + GENERATORS[m.group(2)](built) + m.group(3), text)
+    return fill(text, {name: partial(generate, built) for name, generate in GENERATORS.items()})
 
 
 def main(argv: list[str]) -> int:
