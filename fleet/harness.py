@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import shutil
 import subprocess
 import time
@@ -28,6 +27,7 @@ import numpy as np
 import requests
 import yaml
 
+from exporter.nvmlsim.scenario import seconds
 from exporter.rulepack import load_spec, render
 from fleet.simulate import Fleet, Series
 
@@ -246,15 +246,9 @@ def _spans(rule_file: dict[str, Any], start: float, end: float) -> list[tuple[fl
     rule = group["rules"][0]
     if "record" not in rule or rule["record"] not in rule["expr"]:
         return [(start, end)]
-    step = _seconds(group.get("interval", "1m"))
+    step = seconds(group["interval"], "interval")
     first = start - start % step + (step if start % step else 0)  # vmalert aligns evaluations to the interval
     return [(t, t + step) for t in np.arange(first, end, step)]
-
-
-def _seconds(text: str) -> float:
-    """A Prometheus duration (4m, 1h30m) in seconds."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    return float(sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([smhd])", str(text))))
 
 
 def _rfc3339(ts: float) -> str:
@@ -306,5 +300,5 @@ def _alert_timing(rule_files: Iterable[dict[str, Any]]) -> dict[str, tuple[float
         for group in rule_file["groups"]:
             for rule in group["rules"]:
                 if "alert" in rule:
-                    timing[rule["alert"]] = (_seconds(rule.get("for", "0s")), _seconds(group["interval"]))
+                    timing[rule["alert"]] = (seconds(rule.get("for", 0), "for"), seconds(group["interval"], "interval"))
     return timing

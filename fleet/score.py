@@ -11,7 +11,7 @@ An episode matching no fault is false; false alerts are counted per 1,000 health
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -78,7 +78,7 @@ def score(firing: list[Firing], truth: list[Truth], nodes: list[str], span: floa
     alerts = [f for f in firing if f.labels.get("severity") != "info"]
     node_of = {id(f): f.labels.get("instance", "") for f in alerts}
     matched: set[int] = set()
-    classes = []
+    found = []
     for kind in sorted({t.kind for t in truth}):
         faults = [t for t in truth if t.kind == kind]
         detected, leads, true_alerts = 0, [], 0
@@ -93,11 +93,12 @@ def score(firing: list[Firing], truth: list[Truth], nodes: list[str], span: floa
             if detecting:
                 detected += 1
                 leads.append(min(f.start for f in detecting) - fault.onset)
-        classes.append(ClassScore(kind, len(faults), detected, 0, true_alerts, tuple(leads)))
+        found.append((kind, len(faults), detected, true_alerts, tuple(leads)))
     false = tuple(f for f in alerts if id(f) not in matched)
     # A class's precision: of the episodes that would be read as this class (its detecting
     # alerts and their consequences), the share that matched one of its faults.
-    classes = [replace(c, alerts=c.true_alerts + sum(f.alertname in DETECTS[c.kind] for f in false)) for c in classes]
+    classes = [ClassScore(kind, faults, detected, true + sum(f.alertname in DETECTS[kind] for f in false), true, leads)
+               for kind, faults, detected, true, leads in found]
     fault_time = sum(t.end - t.start for t in truth)
     healthy = (len(nodes) * span - fault_time) / 86400
     return Score(tuple(classes), false, healthy, len(alerts))
