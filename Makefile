@@ -26,6 +26,7 @@ bench:  # GPU collector vs naive pynvml (~40 s), NFS vs node_exporter, GPU proce
 	$(PY) benchmarks/scrape_latency.py
 	$(PY) benchmarks/gpu_processes.py
 	$(PY) benchmarks/xid.py
+	$(PY) benchmarks/workload.py
 
 golden:  # regenerate tests/golden/ after an intended change; review the diff
 	GOLDEN_UPDATE=1 $(PY) -m pytest tests/test_golden.py

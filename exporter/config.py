@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -44,6 +45,34 @@ class GPUProcessesConfig:
 
 
 @dataclass(frozen=True)
+class WorkloadConfig:
+    # Where a GPU's workload (the job whose nodes are its peers) is read, first match wins
+    # (exporter/workload.py, docs/workloads.md). Leave out a source to never read it.
+    sources: tuple[str, ...] = ("pattern", "job_mapping", "slurm", "kubernetes", "environment", "container",
+                                "systemd")
+    # dcgm-exporter's HPC job-mapping directory (its --hpc-job-mapping-dir); '' reads none.
+    job_mapping_dir: str = ""
+    # Environment variables of GPU processes that name their job; no other variable is read.
+    environment: tuple[str, ...] = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
+    # Regular expressions over cgroup paths, each with a named group `workload`, for other schedulers.
+    cgroup_patterns: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        from exporter.workload import SOURCES  # here: config stays importable without the collectors
+
+        for source in self.sources:
+            if source not in SOURCES:
+                raise ConfigError(f"key 'workload.sources': unknown source {source!r} (known: {', '.join(SOURCES)})")
+        for pattern in self.cgroup_patterns:
+            try:
+                compiled = re.compile(pattern)
+            except re.error as err:
+                raise ConfigError(f"key 'workload.cgroup_patterns': {pattern!r}: {err}") from None
+            if "workload" not in compiled.groupindex:
+                raise ConfigError(f"key 'workload.cgroup_patterns': {pattern!r} has no group (?P<workload>...)")
+
+
+@dataclass(frozen=True)
 class StorageConfig:
     # Interfaces that carry storage traffic besides those routing to NFS servers (e.g. NFS over RDMA).
     interfaces: tuple[str, ...] = ()
@@ -58,6 +87,7 @@ class Config:
     nfs: NFSConfig = field(default_factory=NFSConfig)
     staging: StagingConfig = field(default_factory=StagingConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
 
 
 def _build(cls: type, data: Any, where: str) -> Any:
@@ -86,6 +116,10 @@ def _build(cls: type, data: Any, where: str) -> Any:
             if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
                 raise ConfigError(f"key '{path}': want a list of strings, got {value!r}")
             values[name] = tuple(value)
+        elif want is str:
+            if not isinstance(value, str):
+                raise ConfigError(f"key '{path}': want a string, got {value!r}")
+            values[name] = value
         elif want is float:
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"key '{path}': want a positive number, got {value!r}")

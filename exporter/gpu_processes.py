@@ -20,6 +20,9 @@ values of live ones. The kernel adds a reaped child's I/O to its parent
 again when it disappears: the parent's own counter now holds it.
 PIDs are recognised by (pid, start time), so a reused PID is a new process.
 I/O between a process's last scrape and its exit is not seen (no eBPF here).
+
+A GPU process's device minors (N of /dev/nvidiaN) and its workload identity (cgroup,
+allow-listed environment: exporter/workload.py) are read once, when it is classified.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from exporter.procfs.pid import IO, PidFileError, Stat, parse_io, parse_stat, parse_uptime
+from exporter.workload import Identity, Reader
 
-_GPU_DEVICE = re.compile(r"/dev/nvidia\d+")
+_GPU_DEVICE = re.compile(r"/dev/nvidia([0-9]{1,4})")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -46,6 +50,9 @@ class _Process:
     fds_denied: bool = False
     io: IO | None = None  # last read, GPU processes only
     io_denied: bool = False
+    minors: frozenset[int] = frozenset()  # the /dev/nvidiaN it holds
+    identity: Identity = field(default_factory=Identity)
+    identity_denied: frozenset[str] = frozenset()  # "cgroup", "environ": files we may not read
 
 
 @dataclass(frozen=True)
@@ -55,12 +62,15 @@ class Snapshot:
     fds_denied: int  # processes whose fds we may not read: unknown whether they use a GPU
     io_denied: int  # GPU processes whose io we may not read: not counted
     pending: int  # processes not checked yet (the check budget ran out)
+    holders: tuple[tuple[frozenset[int], Identity], ...] = ()  # per live GPU process: minors, identity
+    identity_denied: dict[str, int] | None = None  # file -> GPU processes whose file we may not read
 
 
 class ProcessTracker:
     def __init__(self, procfs: Path, rescan_young_seconds: float = 300.0,
-                 check_budget_seconds: float = 0.05) -> None:
+                 check_budget_seconds: float = 0.05, workload: Reader | None = None) -> None:
         self.procfs = procfs
+        self.workload = workload  # None: GPU processes' workloads are not read
         self._root = str(procfs)  # string paths: a Path per fd costs as much as the readlink
         self.rescan_young_ticks = rescan_young_seconds * _CLOCK_TICKS
         self.check_budget = check_budget_seconds
@@ -111,10 +121,13 @@ class ProcessTracker:
                 totals = totals + proc.io
         # The rules above keep totals monotonic; this guards what they may have missed.
         self._last_totals = totals = totals.at_least(self._last_totals)
+        denied = {name: sum(name in p.identity_denied for _, p in live) for name in ("cgroup", "environ")}
         return Snapshot(processes=len(live), totals=totals,
                         fds_denied=sum(p.fds_denied for p in self._procs.values()),
                         io_denied=sum(p.io_denied for _, p in live),
-                        pending=len(pids - self._procs.keys()))
+                        pending=len(pids - self._procs.keys()),
+                        holders=tuple((p.minors, p.identity) for _, p in live),
+                        identity_denied=denied)
 
     def _retire(self, pid: int, alive: set[int]) -> None:
         proc = self._procs.pop(pid)
@@ -151,19 +164,24 @@ class ProcessTracker:
         except OSError:
             return  # exited, or a kernel thread with no fd table
         proc.fds_denied = False
+        minors = set()
         try:
             for name in os.listdir(fd_dir):
                 try:
                     target = os.readlink(name, dir_fd=fd_dir)
                 except OSError:
                     continue  # closed meanwhile, or denied per fd
-                if _GPU_DEVICE.fullmatch(target):
-                    proc.gpu = True
-                    return
+                if match := _GPU_DEVICE.fullmatch(target):
+                    minors.add(int(match.group(1)))
         except OSError:
             return  # exited while listed
         finally:
             os.close(fd_dir)
+        if minors:
+            proc.gpu, proc.minors = True, frozenset(minors)
+            if self.workload is not None:
+                identity, denied = self.workload.identify(pid)
+                proc.identity, proc.identity_denied = identity, frozenset(denied)
 
     def _read_io(self, pid: int, proc: _Process) -> None:
         try:

@@ -45,6 +45,7 @@ class Device:
     pci_bus_id: str = ""  # NVML's form, 00000000:18:00.0
     max_link_generation: int | None = None
     max_link_width: int | None = None
+    minor: int | None = None  # N of /dev/nvidiaN (not always the index); None when NVML does not say
     complete: bool = False  # every static fact read (or known unsupported)
     lost: bool = False  # NVML said GPU_IS_LOST on the last call that reached this device
 
@@ -126,6 +127,7 @@ class Session:
             device.pci_bus_id = _text(pci.busId) if pci is not None else ""
             device.max_link_generation = self.read(device, pynvml.nvmlDeviceGetMaxPcieLinkGeneration)
             device.max_link_width = self.read(device, pynvml.nvmlDeviceGetMaxPcieLinkWidth)
+            device.minor = self.read(device, pynvml.nvmlDeviceGetMinorNumber)
             device.complete = self.errors.total() == failures
         except GPULostError:
             pass  # facts are retried next scrape; the collector reports the GPU down

@@ -28,7 +28,8 @@ class FakeProc:
         (self.root / "uptime").write_text(f"{seconds:.2f} 12345.67\n")
 
     def spawn(self, pid: int, *, start_s: float = 100.0, ppid: int = 1, gpu: bool = False,
-              io: tuple[int, int, int, int] = (0, 0, 0, 0)) -> None:
+              io: tuple[int, int, int, int] = (0, 0, 0, 0), cgroup: bytes | None = None,
+              environ: bytes | None = None) -> None:
         d = self.root / str(pid)
         shutil.rmtree(d, ignore_errors=True)
         (d / "fd").mkdir(parents=True)
@@ -38,6 +39,10 @@ class FakeProc:
         for n, target in enumerate(targets):
             (d / "fd" / str(n)).symlink_to(target)
         self.set_io(pid, *io)
+        if cgroup is not None:  # /proc/PID/cgroup, as tests/fixtures/cgroup holds them
+            (d / "cgroup").write_bytes(cgroup)
+        if environ is not None:  # NUL-separated NAME=value entries
+            (d / "environ").write_bytes(environ)
 
     def open_gpu(self, pid: int) -> None:
         (self.root / str(pid) / "fd" / "99").symlink_to("/dev/nvidia0")

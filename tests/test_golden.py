@@ -33,7 +33,8 @@ SCENARIOS = {
     "datapath": ("--collector.disable-defaults", "--collector.staging", "--collector.gpu_processes",
                  "--collector.storage_network", "--path.procfs", str(FIXTURES / "procfs" / "datapath"),
                  "--path.sysfs", str(FIXTURES / "sysfs" / "dgx-h100"),
-                 "--config.file", str(FIXTURES / "procfs" / "datapath-config.yaml")),
+                 "--config.file", str(FIXTURES / "procfs" / "datapath-config.yaml"),
+                 "--nvml.simulate", "exporter/nvmlsim/scenarios/healthy-h100.yaml"),  # GPU minors -> indices
     # 98 real Xid lines from many machines: those on the simulated DGX's bus ids get its GPUs' names.
     "xid": ("--collector.disable-defaults", "--collector.xid", "--path.kmsg", str(FIXTURES / "kmsg" / "real-xid.kmsg"),
             "--path.state", "/nonexistent/gpunode-golden", "--path.sysfs", str(FIXTURES / "sysfs" / "dgx-h100"),

@@ -181,7 +181,7 @@ def test_only_dynamic_values_are_fetched_per_scrape() -> None:
         scrape(c)
         second = sum(nvml.calls.values()) - first
         per_gpu = {name: n for name, n in nvml.calls.items() if n == 16}
-    assert first == 1 + 1 + 1 + 8 * (1 + 6 + 4)  # init, driver version, count; handle, 6 facts, 4 dynamic
+    assert first == 1 + 1 + 1 + 8 * (1 + 7 + 4)  # init, driver version, count; handle, 7 facts, 4 dynamic
     assert second == 1 + 8 * 4  # count, then remapped rows, histogram, current generation and width
     assert set(per_gpu) == {"nvmlDeviceGetRemappedRows", "nvmlDeviceGetRowRemapperHistogram",
                             "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth"}

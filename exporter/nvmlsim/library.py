@@ -54,6 +54,7 @@ SIGNATURES: dict[str, tuple[Any, ...]] = {
     "nvmlDeviceGetName": (_P, _P, _U),
     "nvmlDeviceGetSerial": (_P, _P, _U),
     "nvmlDeviceGetPciInfo_v3": (_P, _P),
+    "nvmlDeviceGetMinorNumber": (_P, _P),
     "nvmlDeviceGetRemappedRows": (_P, _P, _P, _P, _P),
     "nvmlDeviceGetRowRemapperHistogram": (_P, _P),
     "nvmlDeviceGetCurrPcieLinkGeneration": (_P, _P),
@@ -193,6 +194,9 @@ class SimulatedNVML:
         info.pciDeviceId, info.pciSubSystemId = gpu.pci_device_id, gpu.pci_subsystem_id
         info.busId = gpu.pci_bus_id.encode()
         info.busIdLegacy = gpu.pci_bus_id[4:].encode()  # the legacy 16-byte field has a 4-digit domain
+
+    def _nvmlDeviceGetMinorNumber(self, t: float, handle: int | None, out: int | None) -> None:  # noqa: N802
+        _put_uint(out, self._gpu(handle, "nvmlDeviceGetMinorNumber", t)[1].minor)
 
     # --- dynamic values -------------------------------------------------------
 

@@ -156,6 +156,7 @@ class GPU:
     serial: str
     pci_device_id: int  # device << 16 | vendor, as NVML reports it
     pci_subsystem_id: int
+    minor: int  # N of its /dev/nvidiaN: the driver numbers devices as it probes them, not by index
     correctable: Timeline
     uncorrectable: Timeline
     pending: Timeline | None  # None = derived from remaps since the last reset
@@ -226,9 +227,9 @@ def _faults(data: Any, where: str, known_functions: frozenset[str]) -> tuple[Fau
     return tuple(faults)
 
 
-def _gpu(data: Any, where: str, known_functions: frozenset[str]) -> GPU:
+def _gpu(data: Any, where: str, known_functions: frozenset[str], index: int) -> GPU:
     data = _keys(data, where, {"uuid", "pci_bus_id"}, {
-        "name", "serial", "pci_device_id", "pci_subsystem_id", "remapped_rows", "pending", "failure",
+        "name", "serial", "pci_device_id", "pci_subsystem_id", "minor", "remapped_rows", "pending", "failure",
         "histogram", "banks", "resets", "pcie", "lost_at", "errors", "xids", "recovery_actions"})
     uuid = str(data["uuid"])
     if not _UUID.fullmatch(uuid):
@@ -265,6 +266,7 @@ def _gpu(data: Any, where: str, known_functions: frozenset[str]) -> GPU:
         name=str(data.get("name", "NVIDIA H100 80GB HBM3")), serial=str(data.get("serial", "")),
         pci_device_id=_count(data.get("pci_device_id", 0x233010DE), f"{where}.pci_device_id"),
         pci_subsystem_id=_count(data.get("pci_subsystem_id", 0x16C110DE), f"{where}.pci_subsystem_id"),
+        minor=_count(data.get("minor", index), f"{where}.minor"),
         correctable=tl(rows.get("correctable", 0), "remapped_rows.correctable"),
         uncorrectable=tl(rows.get("uncorrectable", 0), "remapped_rows.uncorrectable"),
         pending=tl(data["pending"], "pending", _flag) if "pending" in data else None,
@@ -293,8 +295,8 @@ def build(data: Any, known_functions: frozenset[str]) -> Scenario:
         raise ConfigError(f"speedup: want a positive number, got {speedup!r}")
     if not isinstance(data["gpus"], list):
         raise ConfigError("gpus: want a list")
-    gpus = tuple(_gpu(g, f"gpus[{n}]", known_functions) for n, g in enumerate(data["gpus"]))
-    for attr in ("uuid", "pci_bus_id"):
+    gpus = tuple(_gpu(g, f"gpus[{n}]", known_functions, n) for n, g in enumerate(data["gpus"]))
+    for attr in ("uuid", "pci_bus_id", "minor"):
         values = [getattr(g, attr) for g in gpus]
         if len(set(values)) != len(values):
             raise ConfigError(f"gpus: two GPUs share a {attr}")
