@@ -202,6 +202,8 @@ class SimulatedNode:
             (pid_dir / "fd").mkdir(parents=True)
             for fd, target in enumerate(("/dev/null", "/dev/nvidiactl", "/dev/nvidia-uvm", f"/dev/nvidia{gpu}")):
                 (pid_dir / "fd" / str(fd)).symlink_to(target)
+            # Every demo node runs Slurm job 4242 (cgroup v2): one job, so the nodes are each other's peers.
+            (pid_dir / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n")
             start_ticks = int(self._boot_uptime * os.sysconf("SC_CLK_TCK")) - 100
             (pid_dir / "stat").write_text(
                 f"{5000 + gpu} (python3) S 4999 4999 4999 0 -1 4194304 2859 0 6 0 400 100 0 0 20 0 12 0 "

@@ -148,9 +148,10 @@ def query(uid: str, title: str, ref: str = "A") -> dashboards.PanelQuery:
 def test_sources_follow_recording_rules_to_the_exporters() -> None:
     gpu_util = query("gpunode-node", "1. GPU utilisation")
     assert gpu_util.sources == gpu_util.requires == {"dcgm"}
-    # any one of seven signals from three exporters makes a score
+    # any one of seven signals from three exporters makes a score; the peer group's workload comes from
+    # gpunode-exporter, joined to its owner by kube-state-metrics for Kubernetes pods
     scores = query("gpunode-cluster", "Precursor peer scores (largest per node)")
-    assert scores.sources == {"gpunode", "node", "dcgm"} and scores.requires == frozenset()
+    assert scores.sources == {"gpunode", "node", "dcgm", "kube_state_metrics"} and scores.requires == {"gpunode"}
     # bytes from node_exporter over link speeds from gpunode-exporter
     link = query("gpunode-node", "Storage link utilisation")
     assert link.sources == link.requires == {"gpunode", "node"}
@@ -169,7 +170,7 @@ def test_sources_follow_the_spec(tmp_path: Path) -> None:
     spec = rulepack.load_spec(override)
     board = dashboards.render(spec)["gpunode-cluster.json"]
     scores = next(q for q in dashboards.panel_queries(board, spec) if q.panel_title.startswith("Precursor"))
-    assert scores.sources == {"gpunode", "node"}
+    assert scores.sources == {"gpunode", "node", "kube_state_metrics"}
 
 
 def test_a_spec_override_reaches_every_query(tmp_path: Path) -> None:

@@ -68,11 +68,24 @@ def _environment(spec: dict[str, Any], target: str) -> jinja2.Environment:
         marked = spec["out_of_service"]
         return f"({expr} unless on ({spec['labels']['node']}) ({marked}))" if marked else expr
 
-    env.globals.update(spec=spec, target=target, m=m, in_service=in_service, node=spec["labels"]["node"],
-                       peer=", ".join(spec["labels"]["peer_group"]))
+    def peered(expr: str) -> str:
+        """expr (one series per node) as peers compare it: nodes in service, each given its workload
+        label (gpunode:node_workload:info); idle nodes, which have none, drop out."""
+        if not spec["peers"]["workload"]:
+            return in_service(expr)
+        return f"({in_service(expr)} * on ({spec['labels']['node']}) group_left (workload) gpunode:node_workload:info)"
+
+    env.globals.update(spec=spec, target=target, m=m, in_service=in_service, peered=peered,
+                       node=spec["labels"]["node"], peer=", ".join(peer_labels(spec)),
+                       label_peer=", ".join(spec["labels"]["peer_group"]))  # checkpoint, NFS: no workload join
     env.filters["duration"] = duration
     env.filters["window"] = lambda seconds: f"[{duration(seconds)}]"  # a range selector's [5m]
     return env
+
+
+def peer_labels(spec: dict[str, Any]) -> list[str]:
+    """The labels a peer group is keyed by: spec labels.peer_group, and the workload when peers follow it."""
+    return [*spec["labels"]["peer_group"], *(["workload"] if spec["peers"]["workload"] else [])]
 
 
 def duration(seconds: float) -> str:
