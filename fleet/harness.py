@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -229,12 +230,24 @@ def _without_annotations(rule_file: dict[str, Any]) -> dict[str, Any]:
 
 
 def _one_rule_files(rule_files: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """Each rule as a rule file of its own: a group of one rule, with its group's interval."""
+    """Each rule as a rule file of its own: a group of one rule, with its group's interval; a rule
+    after every rule recording what it reads (files come in name order: failslow reads peers')."""
+    singles = []
     for rule_file in rule_files:
         for group in rule_file["groups"]:
             for n, rule in enumerate(group["rules"]):
                 single = {k: v for k, v in group.items() if k != "rules"}
-                yield {"groups": [{**single, "name": f"{group['name']}-{n:02d}", "rules": [rule]}]}
+                singles.append({"groups": [{**single, "name": f"{group['name']}-{n:02d}", "rules": [rule]}]})
+    done: list[dict[str, Any]] = []
+    while singles:  # stable: the first rule none of whose inputs is still to be recorded
+        pending = {r["groups"][0]["rules"][0].get("record") for r in singles}
+        ready = next((r for r in singles if not any(
+            name and name != r["groups"][0]["rules"][0].get("record") and re.search(rf"\b{re.escape(name)}\b",
+                                                                               r["groups"][0]["rules"][0]["expr"])
+            for name in pending)), singles[0])
+        singles.remove(ready)
+        done.append(ready)
+    yield from done
 
 
 def _spans(rule_file: dict[str, Any], start: float, end: float) -> list[tuple[float, float]]:

@@ -165,6 +165,13 @@ class Fleet:
                        device="mlx5_0", port="1")
 
         # --- gpunode-exporter
+        # The workload: a session is one job over every node (a Slurm job id per session); a node
+        # outside a session, or drained, runs none, so the series is absent.
+        for k, (a, b) in enumerate(s.sessions):
+            running = self._between(a, b) & training
+            if running.any():
+                yield emit("gpunode_node_workload_info", "gpunode", np.where(running, 1.0, np.nan),
+                           source="slurm", workload=str(1000 + k))
         yield from self._gpunode(n, faults, save, emit, lost)
         for job in ("gpunode", "node", "dcgm"):
             yield emit("up", job, np.ones(t.size))
