@@ -23,8 +23,8 @@ DETECTS = {
     "getattr_spike": {"GpuNodePrecursorMultiSignal", "GpuXidApplicationFault", "GpuXidHardwareFault"},
     "uncorrectable_steps": {"GpuRowRemapUncorrectableIncrease", "GpuXidApplicationFault"},
     "correctable_acceleration": {"GpuRowRemapCorrectableAcceleration"},
-    "failslow": {"GpuNodeFailSlow"},
-    "pcie_downgrade": {"GpuPcieLinkDegraded", "GpuNodePrecursorMultiSignal", "GpuNodeFailSlow"},
+    "failslow": {"GpuNodeFailSlow", "GpuNodeSlowingDown"},
+    "pcie_downgrade": {"GpuPcieLinkDegraded", "GpuNodePrecursorMultiSignal", "GpuNodeFailSlow", "GpuNodeSlowingDown"},
     "nfs_saturation": {"NfsSlotTableSaturated", "NfsSlotWaitDominates", "NfsBandwidthParadox"},
 }
 # Alerts that a fault also sets off, which are right but not how we detect it (GpuDown after
