@@ -180,7 +180,9 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int, spec_path: Path | 
         server = ["victoria-metrics", f"-storageDataPath={data}", f"-httpListenAddr=127.0.0.1:{port}",
                   "-retentionPeriod=100y", "-search.disableCache", "-search.latencyOffset=0s",
                   # one replay write holds up to 1000 series x 10,000 points: more than the default 32 MB
-                  "-maxInsertRequestSize=1GB"]
+                  "-maxInsertRequestSize=1GB",
+                  # a replay range query of a 3-hour quantile_over_time per node (GpuNodeSlowingDown) took > 30 s
+                  "-search.maxQueryDuration=600s"]
         write_url, ready = url, f"{url}/health"
         samples = 0
     with _server(server, ready, workdir / f"{backend}.log"):
