@@ -38,20 +38,20 @@ def build(b: Board) -> None:
     b.panel(heatmap_panel(), "Precursor peer scores (largest per node)",
             "Per node, the largest |robust peer score| of its precursor signals: (value - peer median) / "
             f"max(1.4826 MAD, floor). Beyond {pre['score_threshold']} on {pre['min_signals']} signals for "
-            f"{duration(pre['continuity'])} fires GpuNodePrecursorMultiSignal (seed 000: failing nodes departed "
+            f"{duration(pre['continuity'])} fires GpuNodePrecursorMultiSignal (the Lablup B200 operations report: failing nodes departed "
             "from their ~59 peers before the XID).", "short",
             [Query(f"max by ({node}) (abs({score}))", by_node)], needs=(PEERS,))
     b.panel(table_panel(), "Largest precursor scores now",
             f"The {TOP * 2} node and signal pairs farthest from their peers now; beyond +-{pre['score_threshold']} "
             f"(precursor.score_threshold) a signal deviates, and {pre['min_signals']} deviating signals of one node "
-            f"for {duration(pre['continuity'])} fire GpuNodePrecursorMultiSignal. No single signal dominated seed "
-            "000's failures: which ones deviate says where to look.", "short",
+            f"for {duration(pre['continuity'])} fire GpuNodePrecursorMultiSignal. No single signal dominated "
+            "the failures of the Lablup B200 operations report: which ones deviate says where to look.", "short",
             [Query(f"topk({TOP * 2}, abs({score}))")], instant=True, needs=(PEERS,))
     ratio = b.rec("gpunode:failslow_proxy:ratio_to_peers")
     b.panel(heatmap_panel(), "Fail-slow: throughput against the peer median (lowest proxy)",
             "Per node, its lowest throughput proxy (slowest GPU's utilisation, power, SM clock, NVLink; NIC and "
             f"RDMA bytes) divided by the peer median. Below {1 - fs['fraction']:.2f} on {fs['min_proxies']} "
-            f"proxies for {duration(fs['for'])} while the peers train fires GpuNodeFailSlow (seed 000: "
+            f"proxies for {duration(fs['for'])} while the peers train fires GpuNodeFailSlow (the Lablup B200 operations report: "
             "fail-slow nodes are 3-15 % slower; Minder).", "percentunit",
             [Query(f"min by ({node}) ({ratio})", by_node)], needs=(FAILSLOW_PEERS, FAILSLOW_INPUT))
 
@@ -98,7 +98,7 @@ def build(b: Board) -> None:
     b.panel(time_series(), "NFS time per request: slot wait against network + server",
             "Per operation, the mean over nodes of the time a request waited for an RPC slot (queue) and of the "
             "time the network and server took (rtt). Queue above rtt means more slots, not a faster link, "
-            "would help (seed 000: save WRITEs waited 1,495 of 1,621 ms). NfsSlotWaitDominates, "
+            "would help (the Lablup B200 operations report: save WRITEs waited 1,495 of 1,621 ms). NfsSlotWaitDominates, "
             "NfsBandwidthParadox.", "s",
             [Query(f"avg by (op) ({queue})", "slot wait {{op}}"),
              Query(f"avg by (op) ({rtt})", "network+server {{op}}")])
@@ -118,7 +118,7 @@ def build(b: Board) -> None:
     b.row("Checkpoints")
     b.panel(phases(state_timeline()), "Checkpoint phase per node",
             "Training, saving (writing to NFS faster than checkpoint.save_write_bytes) or loading (reading from "
-            "NFS with the GPUs idle), as the rule pack classifies each node (seed 000 4.2.1). The nodes of a job "
+            "NFS with the GPUs idle), as the rule pack classifies each node (after the Lablup B200 operations report). The nodes of a job "
             "save together; one that doesn't is worth a look.", "short",
             [Query(b.rec("gpunode:checkpoint_phase:node"), by_node)], width=24)
     window, peers = duration(spec["checkpoint"]["interval_window"]), ", ".join(spec["labels"]["peer_group"])
@@ -130,13 +130,13 @@ def build(b: Board) -> None:
             f"Per peer group, the median over nodes of the mean time between saves over {window}, and of the "
             "optimum sqrt(2 x save duration x MTBF) for the save duration and checkpoint.mtbf_seconds. "
             "CheckpointIntervalTooLong fires when the interval exceeds checkpoint.interval_factor times the "
-            "optimum (seed 000: 133.5 min against 44.9).", "s",
+            "optimum (the Lablup B200 operations report: 133.5 min against 44.9).", "s",
             [Query(median(f"gpunode:checkpoint_interval_seconds:avg{window}"), f"interval {group}"),
              Query(median("gpunode:checkpoint_interval_seconds:young_daly"), f"optimum {group}")], needs=(SAVES,))
     b.panel(time_series(), "Checkpoint cost: time lost to saves and expected rework",
             "Per peer group, the median of delta/T + T/(2 MTBF) for the nodes' interval T and save duration "
             "delta, against the same at the Young/Daly optimum: the share of training time checkpointing "
-            "costs (seed 000: 2.20 % against 1.72 %).", "percentunit",
+            "costs (the Lablup B200 operations report: 2.20 % against 1.72 %).", "percentunit",
             [Query(median(f"gpunode:checkpoint_cost_ratio:avg{window}"), f"now {group}"),
              Query(median("gpunode:checkpoint_cost_ratio:young_daly"), f"at the optimum {group}")], needs=(SAVES,))
 
