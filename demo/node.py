@@ -31,7 +31,8 @@ XID_TEXT = {79: "GPU has fallen off the bus.", 94: "Contained: SM (0x1). RST: No
 OPS = ("NULL", "READ", "WRITE", "COMMIT", "OPEN", "CLOSE", "SETATTR", "FSINFO", "ACCESS", "GETATTR",
        "LOOKUP", "LOOKUP_ROOT", "REMOVE", "RENAME", "CREATE", "STATFS", "READDIR", "SEQUENCE")
 # Per-request times in ms: (queue, rtt). Healthy saves barely queue; slot-bound ones wait
-# ~1.5 s for one of 128 slots while the network and server take ~0.1 s (the Lablup B200 operations report's NFS split, docs/references.md).
+# ~1.5 s for one of 128 slots while the network and server take ~0.1 s (the Lablup B200
+# operations report's NFS split, docs/references.md).
 WRITE_MS = {"healthy": (2, 60), "saturated": (1495, 120)}
 GETATTR_MS = (0, 1)
 GETATTR_PER_SECOND = 50

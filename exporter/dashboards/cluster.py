@@ -38,7 +38,8 @@ def build(b: Board) -> None:
     b.panel(heatmap_panel(), "Precursor peer scores (largest per node)",
             "Per node, the largest |robust peer score| of its precursor signals: (value - peer median) / "
             f"max(1.4826 MAD, floor). Beyond {pre['score_threshold']} on {pre['min_signals']} signals for "
-            f"{duration(pre['continuity'])} fires GpuNodePrecursorMultiSignal (the Lablup B200 operations report: failing nodes departed "
+            f"{duration(pre['continuity'])} fires GpuNodePrecursorMultiSignal ("
+            "the Lablup B200 operations report: failing nodes departed "
             "from their ~59 peers before the XID).", "short",
             [Query(f"max by ({node}) (abs({score}))", by_node)], needs=(PEERS,))
     b.panel(table_panel(), "Largest precursor scores now",
@@ -51,7 +52,8 @@ def build(b: Board) -> None:
     b.panel(heatmap_panel(), "Fail-slow: throughput against the peer median (lowest proxy)",
             "Per node, its lowest throughput proxy (slowest GPU's utilisation, power, SM clock, NVLink; NIC and "
             f"RDMA bytes) divided by the peer median. Below {1 - fs['fraction']:.2f} on {fs['min_proxies']} "
-            f"proxies for {duration(fs['for'])} while the peers train fires GpuNodeFailSlow (the Lablup B200 operations report: "
+            f"proxies for {duration(fs['for'])} while the peers train fires GpuNodeFailSlow ("
+            "the Lablup B200 operations report: "
             "fail-slow nodes are 3-15 % slower; Minder).", "percentunit",
             [Query(f"min by ({node}) ({ratio})", by_node)], needs=(FAILSLOW_PEERS, FAILSLOW_INPUT))
 
@@ -98,7 +100,8 @@ def build(b: Board) -> None:
     b.panel(time_series(), "NFS time per request: slot wait against network + server",
             "Per operation, the mean over nodes of the time a request waited for an RPC slot (queue) and of the "
             "time the network and server took (rtt). Queue above rtt means more slots, not a faster link, "
-            "would help (the Lablup B200 operations report: save WRITEs waited 1,495 of 1,621 ms). NfsSlotWaitDominates, "
+            "would help ("
+            "the Lablup B200 operations report: save WRITEs waited 1,495 of 1,621 ms). NfsSlotWaitDominates, "
             "NfsBandwidthParadox.", "s",
             [Query(f"avg by (op) ({queue})", "slot wait {{op}}"),
              Query(f"avg by (op) ({rtt})", "network+server {{op}}")])
@@ -118,7 +121,8 @@ def build(b: Board) -> None:
     b.row("Checkpoints")
     b.panel(phases(state_timeline()), "Checkpoint phase per node",
             "Training, saving (writing to NFS faster than checkpoint.save_write_bytes) or loading (reading from "
-            "NFS with the GPUs idle), as the rule pack classifies each node (after the Lablup B200 operations report). The nodes of a job "
+            "NFS with the GPUs idle), as the rule pack classifies each node (after "
+            "the Lablup B200 operations report). The nodes of a job "
             "save together; one that doesn't is worth a look.", "short",
             [Query(b.rec("gpunode:checkpoint_phase:node"), by_node)], width=24)
     window, peers = duration(spec["checkpoint"]["interval_window"]), ", ".join(spec["labels"]["peer_group"])

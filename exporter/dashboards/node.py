@@ -118,7 +118,8 @@ def build(b: Board) -> None:
             [Query(b.rec("gpunode:nfs_rpc_operations:"), "{{op}} {{mountpoint}}")], width=6)
     b.panel(time_series(), "RPC slot table saturation",
             "Per transport, mean requests in flight per send over its slots (max_slots, or the sunrpc limit for "
-            "rdma); near 1 with a backlog fires NfsSlotTableSaturated (the Lablup B200 operations report's loads: 128 slots full).",
+            "rdma); near 1 with a backlog fires NfsSlotTableSaturated ("
+            "the Lablup B200 operations report's loads: 128 slots full).",
             "percentunit",
             [Query(b.rec("gpunode:nfs_transport_slot_saturation:"), "{{mountpoint}} {{transport}}")], width=6)
 
@@ -137,13 +138,15 @@ def build(b: Board) -> None:
             width=8, needs=(PFC,))
     b.panel(time_series(), "Storage link utilisation",
             "Bytes per second through each storage interface (kernel and RDMA counters) over its link speed. "
-            "Slot wait dominating at a low utilisation is NfsBandwidthParadox (the Lablup B200 operations report: 1.4 % during saves).",
+            "Slot wait dominating at a low utilisation is NfsBandwidthParadox ("
+            "the Lablup B200 operations report: 1.4 % during saves).",
             "percentunit", [Query(b.rec("gpunode:storage_link_utilization:"), "{{device}}")], width=8)
 
     b.row("Checkpoints")
     window = duration(spec["checkpoint"]["interval_window"])
     b.panel(phases(state_timeline()), "Checkpoint phase",
-            "Training, saving or loading, as the rule pack classifies this node (after the Lablup B200 operations report); "
+            "Training, saving or loading, as the rule pack classifies this node (after "
+            "the Lablup B200 operations report); "
             "CheckpointLoadSlow fires on a load longer than checkpoint.load_slow_seconds.", "short",
             [Query(b.rec("gpunode:checkpoint_phase:node"), "phase")], width=8)
     b.panel(time_series(), "Checkpoint interval and save duration against Young/Daly",
