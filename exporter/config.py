@@ -10,6 +10,8 @@ from typing import Any, TypeVar, get_type_hints
 
 import yaml
 
+from exporter.workload import SOURCES
+
 T = TypeVar("T")
 
 
@@ -58,8 +60,6 @@ class WorkloadConfig:
     cgroup_patterns: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        from exporter.workload import SOURCES  # here: config stays importable without the collectors
-
         for source in self.sources:
             if source not in SOURCES:
                 raise ConfigError(f"key 'workload.sources': unknown source {source!r} (known: {', '.join(SOURCES)})")

@@ -63,7 +63,7 @@ class Snapshot:
     io_denied: int  # GPU processes whose io we may not read: not counted
     pending: int  # processes not checked yet (the check budget ran out)
     holders: tuple[tuple[frozenset[int], Identity], ...] = ()  # per live GPU process: minors, identity
-    identity_denied: dict[str, int] | None = None  # file -> GPU processes whose file we may not read
+    identity_denied: dict[str, int] = field(default_factory=dict)  # file -> GPU processes we may not read it of
 
 
 class ProcessTracker:

@@ -52,7 +52,7 @@ class Reader:
         self._sources = frozenset(sources)
         self._environment = tuple(name.encode() for name in environment) if "environment" in sources else ()
         self._patterns = tuple(re.compile(p) for p in patterns)
-        self._need_cgroup = bool(self._sources & {"pattern", "slurm", "kubernetes", "container", "systemd"})
+        self._need_cgroup = bool(self._sources & {"pattern", *_CGROUP_FINDERS})
 
     def identify(self, pid: int) -> tuple[Identity, set[str]]:
         """The process's identity, and the files we were denied ("cgroup", "environ")."""
@@ -80,15 +80,18 @@ class Reader:
         return Identity(tuple(sorted(ids.items()))), denied
 
 
+_CGROUP_FINDERS = {"slurm": cgroup.slurm_job, "kubernetes": cgroup.kubernetes_pod, "container": cgroup.container,
+                   "systemd": cgroup.systemd_service}
+
+
 def identify_paths(paths: Iterable[str], sources: frozenset[str],
                    patterns: tuple[re.Pattern[str], ...]) -> dict[str, str]:
     """source -> id for the cgroup-based sources, the first path that names one winning."""
-    finders = {"pattern": lambda p: cgroup.pattern_match(p, patterns), "slurm": cgroup.slurm_job,
-               "kubernetes": cgroup.kubernetes_pod, "container": cgroup.container,
-               "systemd": cgroup.systemd_service}
     ids: dict[str, str] = {}
     for path in paths:
-        for source, find in finders.items():
+        if "pattern" in sources and "pattern" not in ids and (found := cgroup.pattern_match(path, patterns)):
+            ids["pattern"] = found
+        for source, find in _CGROUP_FINDERS.items():
             if source in sources and source not in ids and (found := find(path)):
                 ids[source] = found
     return ids

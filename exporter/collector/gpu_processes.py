@@ -69,7 +69,7 @@ class GPUProcessesCollector(Collector):
         unreadable.add(("fd",), snap.fds_denied)
         unreadable.add(("io",), snap.io_denied)
         if self._order:
-            for name, count in (snap.identity_denied or {}).items():
+            for name, count in snap.identity_denied.items():
                 unreadable.add((name,), count)
         yield unreadable
         if self._order:

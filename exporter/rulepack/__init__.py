@@ -76,14 +76,14 @@ def _environment(spec: dict[str, Any], target: str) -> jinja2.Environment:
         return f"({in_service(expr)} * on ({spec['labels']['node']}) group_left (workload) gpunode:node_workload:info)"
 
     env.globals.update(spec=spec, target=target, m=m, in_service=in_service, peered=peered,
-                       node=spec["labels"]["node"], peer=", ".join(peer_labels(spec)),
+                       node=spec["labels"]["node"], peer=", ".join(peer_key(spec)),
                        label_peer=", ".join(spec["labels"]["peer_group"]))  # checkpoint, NFS: no workload join
     env.filters["duration"] = duration
     env.filters["window"] = lambda seconds: f"[{duration(seconds)}]"  # a range selector's [5m]
     return env
 
 
-def peer_labels(spec: dict[str, Any]) -> list[str]:
+def peer_key(spec: dict[str, Any]) -> list[str]:
     """The labels a peer group is keyed by: spec labels.peer_group, and the workload when peers follow it."""
     return [*spec["labels"]["peer_group"], *(["workload"] if spec["peers"]["workload"] else [])]
 
