@@ -1,4 +1,4 @@
-"""A fleet scenario file: the fleet, its training job, the faults with their onsets, the distractors."""
+"""A fleet scenario file: the fleet, its jobs, the faults with their onsets, the distractors."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ from typing import Any
 
 from exporter.config import ConfigError, load_yaml
 from exporter.nvmlsim.scenario import seconds
+from fleet.jobs import Job, parse_job, sessions_as_jobs
 
 SHIPPED = Path(__file__).parent / "scenarios"
 # Fault kinds and what they model (docs/fleet.md).
 FAULTS = ("xid79_collapse", "getattr_spike", "uncorrectable_steps", "correctable_acceleration",
           "failslow", "pcie_downgrade", "nfs_saturation")
-DISTRACTORS = ("short_spike", "drain", "leave", "join")
+DISTRACTORS = ("short_spike", "drain", "leave", "join", "known_slow")
+# Persistent per-GPU differences, as a fraction of the level (the standard deviation of a GPU's offset).
+SPREAD_KEYS = ("power", "sm_clock")
 
 
 @dataclass(frozen=True)
@@ -38,10 +41,10 @@ class Scenario:
     duration: float
     step: float
     seed: int
-    checkpoint_every: float  # every node saves at once (seed 000: 133.5 min)
-    sessions: tuple[tuple[float, float], ...]  # (start, end) of training sessions; idle between
+    jobs: tuple[Job, ...]  # `sessions` become one training job each, over every node
     faults: tuple[Event, ...]
     distractors: tuple[Event, ...]
+    gpu_spread: tuple[tuple[str, float], ...] = ()  # SPREAD_KEYS -> standard deviation of a GPU's offset
 
 
 def _events(data: Any, where: str, kinds: tuple[str, ...], nodes: int) -> tuple[Event, ...]:
@@ -62,20 +65,31 @@ def _events(data: Any, where: str, kinds: tuple[str, ...], nodes: int) -> tuple[
 
 
 def _build(name: str, data: Any) -> Scenario:
-    known = {"description", "nodes", "duration", "step", "seed", "checkpoint_every", "sessions", "faults",
-             "distractors"}
+    known = {"description", "nodes", "duration", "step", "seed", "checkpoint_every", "sessions", "jobs", "faults",
+             "distractors", "gpu_spread"}
     if not isinstance(data, dict):
         raise ConfigError("want a mapping")
     if unknown := set(data) - known:
         raise ConfigError(f"unknown key '{sorted(unknown)[0]}'")
+    if {"sessions", "jobs"} <= set(data):
+        raise ConfigError("give sessions (one job over every node) or jobs, not both")
     nodes = int(data.get("nodes", 60))
     duration = seconds(data.get("duration", "7d"), "duration")
-    sessions = tuple((seconds(s[0], "sessions"), seconds(s[1], "sessions")) for s in
-                     data.get("sessions", [[0, duration]]))
+    if "jobs" in data:
+        if not isinstance(data["jobs"], list):
+            raise ConfigError("jobs: want a list")
+        jobs = tuple(parse_job(j, f"jobs[{n}]", nodes, duration) for n, j in enumerate(data["jobs"]))
+    else:
+        sessions = tuple((seconds(s[0], "sessions"), seconds(s[1], "sessions")) for s in
+                         data.get("sessions", [[0, duration]]))
+        jobs = sessions_as_jobs(sessions, nodes, seconds(data.get("checkpoint_every", "133m"), "checkpoint_every"))
+    spread = data.get("gpu_spread", {})
+    if not isinstance(spread, dict) or set(spread) - set(SPREAD_KEYS):
+        raise ConfigError(f"gpu_spread: want a mapping of {', '.join(SPREAD_KEYS)} to fractions")
     return Scenario(name, nodes, duration, seconds(data.get("step", 30), "step"), int(data.get("seed", 1)),
-                    seconds(data.get("checkpoint_every", "133m"), "checkpoint_every"),
-                    sessions, _events(data.get("faults", []), "faults", FAULTS, nodes),
-                    _events(data.get("distractors", []), "distractors", DISTRACTORS, nodes))
+                    jobs, _events(data.get("faults", []), "faults", FAULTS, nodes),
+                    _events(data.get("distractors", []), "distractors", DISTRACTORS, nodes),
+                    tuple(sorted((k, float(v)) for k, v in spread.items())))
 
 
 def load(name_or_path: str) -> Scenario:
