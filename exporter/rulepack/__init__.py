@@ -68,14 +68,23 @@ def _environment(spec: dict[str, Any], target: str) -> jinja2.Environment:
         marked = spec["out_of_service"]
         return f"({expr} unless on ({spec['labels']['node']}) ({marked}))" if marked else expr
 
+    def newest(selector: str) -> str:
+        """selector's series (one per node and workload), keeping per node only the workload with the
+        newest sample: where no staleness marker ends a node's old workload (federation, remote
+        write, a backfill), it lingers beside the new one for the lookback delta, and a join on the
+        node would fail for every node."""
+        node = spec["labels"]["node"]
+        return f"({selector} and on ({node}, workload) topk by ({node}) (1, timestamp({selector})))"
+
     def peered(expr: str) -> str:
         """expr (one series per node) as peers compare it: nodes in service, each given its workload
         label (gpunode:node_workload:info); idle nodes, which have none, drop out."""
         if not spec["peers"]["workload"]:
             return in_service(expr)
-        return f"({in_service(expr)} * on ({spec['labels']['node']}) group_left (workload) gpunode:node_workload:info)"
+        info = newest("gpunode:node_workload:info")
+        return f"({in_service(expr)} * on ({spec['labels']['node']}) group_left (workload) {info})"
 
-    env.globals.update(spec=spec, target=target, m=m, in_service=in_service, peered=peered,
+    env.globals.update(spec=spec, target=target, m=m, in_service=in_service, peered=peered, newest=newest,
                        node=spec["labels"]["node"], peer=", ".join(peer_key(spec)),
                        label_peer=", ".join(spec["labels"]["peer_group"]))  # checkpoint, NFS: no workload join
     env.filters["duration"] = duration
