@@ -36,7 +36,11 @@ class Job:
     restart_gap: float | None  # None: drawn per restart around RETRY_GAP_MEDIAN
     restart_on_fault: bool  # a job-killing fault on one of its nodes ends the attempt
     source: str
-    first_save: float  # the first save this long after the checkpoint origin (then every checkpoint_every)
+
+    @property
+    def first_save(self) -> float:
+        """The first save this long after the checkpoint origin (a session of the old form: at it)."""
+        return self.checkpoint_every if self.restart_on_fault else 0.0
 
 
 @dataclass(frozen=True)
@@ -91,14 +95,14 @@ def parse_job(data: object, where: str, nodes: int, duration: float) -> Job:
     return Job(str(data.get("name", where)), data["kind"], members, start, end, every,
                seconds(data.get("load", DEFAULT_LOAD.get(data["kind"], 0)), f"{where}.load"),
                tuple(seconds(f, f"{where}.failures") for f in data.get("failures", [])),
-               None if gap is None else seconds(gap, f"{where}.restart_gap"), True, source, every)
+               None if gap is None else seconds(gap, f"{where}.restart_gap"), True, source)
 
 
 def sessions_as_jobs(sessions: tuple[tuple[float, float], ...], nodes: int, checkpoint_every: float) -> tuple[Job, ...]:
     """The older form: each session is one job over every node, saving on the fleet's common cadence
     from the scenario's start, not restarted by faults."""
     return tuple(Job(f"session{k}", "training", tuple(range(nodes)), a, b, checkpoint_every, 0.0, (), None, False,
-                     "slurm", 0.0) for k, (a, b) in enumerate(sessions))
+                     "slurm") for k, (a, b) in enumerate(sessions))
 
 
 def kills(fault_kind: str, at: float, params: dict[str, object]) -> list[float]:
