@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -156,7 +157,14 @@ def main(argv: list[str] | None = None) -> int:
         scraper = make_scraper()
         for chunk in renderer.chunks(scraper.collect()):
             sys.stdout.buffer.write(chunk)
+        stuck = scraper.still_running()
         scraper.close()
+        if stuck:  # their threads cannot be stopped, and Python would wait for them at exit
+            logging.getLogger(PROG).error("collectors %s did not finish within %gs; exiting without them",
+                                          ", ".join(stuck), cfg.collector_timeout_seconds)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         return 0
     # The exporter's own process metrics (memory, CPU, fds), from prometheus_client.
     own = CollectorRegistry(auto_describe=False)

@@ -16,8 +16,21 @@ _MAX_CACHED = 200_000  # label sets; a churn of label values beyond this starts 
 
 
 def _escape_label(value: str) -> str:
+    if not value.isascii():
+        value = valid_utf8(value)
     if "\\" in value or '"' in value or "\n" in value:
         value = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return value
+
+
+def valid_utf8(value: str) -> str:
+    """Names from the kernel may be any bytes; Python hands them over as lone surrogates
+    (os.listdir's surrogateescape, JSON's \\udXXX), which no UTF-8 output can carry.
+    Each becomes U+FFFD; one bad name never costs the whole scrape."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in value)
     return value
 
 

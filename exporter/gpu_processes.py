@@ -27,6 +27,7 @@ allow-listed environment: exporter/workload.py) are read once, when it is classi
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -35,6 +36,8 @@ from pathlib import Path
 
 from exporter.procfs.pid import IO, PidFileError, Stat, parse_io, parse_stat, parse_uptime
 from exporter.workload import Identity, Reader
+
+log = logging.getLogger(__name__)
 
 _GPU_DEVICE = re.compile(r"/dev/nvidia([0-9]{1,4})")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -64,6 +67,7 @@ class Snapshot:
     pending: int  # processes not checked yet (the check budget ran out)
     holders: tuple[tuple[frozenset[int], Identity], ...] = ()  # per live GPU process: minors, identity
     identity_denied: dict[str, int] = field(default_factory=dict)  # file -> GPU processes we may not read it of
+    parse_errors: int = 0
 
 
 class ProcessTracker:
@@ -79,6 +83,7 @@ class ProcessTracker:
         self._last_totals = IO()
         self._stat_counts_fds = _stat_counts_fds(self._root)
         self._scans = 0
+        self.parse_errors = 0  # stat or io files not in the kernel's format, on every read that saw one
 
     def scan(self) -> Snapshot:
         # The first scan checks everything (~0.3 ms a process): counts are right from the start.
@@ -127,7 +132,7 @@ class ProcessTracker:
                         io_denied=sum(p.io_denied for _, p in live),
                         pending=len(pids - self._procs.keys()),
                         holders=tuple((p.minors, p.identity) for _, p in live),
-                        identity_denied=denied)
+                        identity_denied=denied, parse_errors=self.parse_errors)
 
     def _retire(self, pid: int, alive: set[int]) -> None:
         proc = self._procs.pop(pid)
@@ -140,10 +145,17 @@ class ProcessTracker:
 
     def _stat(self, pid: int) -> Stat | None:
         try:
-            with open(f"{self._root}/{pid}/stat") as f:
+            with open(f"{self._root}/{pid}/stat", "rb") as f:
                 return parse_stat(f.read())
-        except (OSError, PidFileError):
+        except OSError:
             return None
+        except PidFileError as err:
+            self._parse_error(pid, err)
+            return None
+
+    def _parse_error(self, pid: int, err: PidFileError) -> None:
+        self.parse_errors += 1
+        log.debug("/proc/%d: %s", pid, err)
 
     def _fd_count(self, pid: int) -> int:
         """The number of open fds (Linux >= 6.2 reports it as the fd directory's size), else -1: unknown."""
@@ -185,19 +197,22 @@ class ProcessTracker:
 
     def _read_io(self, pid: int, proc: _Process) -> None:
         try:
-            with open(f"{self._root}/{pid}/io") as f:
+            with open(f"{self._root}/{pid}/io", "rb") as f:
                 io = parse_io(f.read())
         except PermissionError:
             proc.io_denied = True
             return
-        except (OSError, PidFileError):
+        except OSError:
             return  # exited meanwhile: its last value stands
+        except PidFileError as err:
+            self._parse_error(pid, err)
+            return
         proc.io_denied = False
         proc.io = io if proc.io is None else io.at_least(proc.io)
 
     def _uptime_ticks(self) -> float:
         try:
-            with open(f"{self._root}/uptime") as f:
+            with open(f"{self._root}/uptime", "rb") as f:
                 return parse_uptime(f.read()) * _CLOCK_TICKS
         except (OSError, PidFileError):
             return time.monotonic() * _CLOCK_TICKS  # CLOCK_MONOTONIC counts from boot on Linux

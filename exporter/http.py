@@ -11,6 +11,7 @@ import ssl
 import threading
 import zlib
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from exporter import __version__
@@ -34,8 +35,37 @@ def parse_listen_address(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _somaxconn() -> int:
+    """The kernel's cap on a listen backlog: Go servers ask for it, and so do we (socketserver's
+    default of 5 drops SYNs from a burst of scrapes)."""
+    try:
+        with open("/proc/sys/net/core/somaxconn", "rb") as f:
+            return max(socket.SOMAXCONN, int(f.read().strip() or 0))
+    except (OSError, ValueError):
+        return 4096
+
+
+def accepts_gzip(header: str) -> bool:
+    """RFC 9110 12.5.3: gzip (else *) listed with a q-value above 0; "gzip;q=0" refuses it."""
+    weights: dict[str, float] = {}
+    for item in header.split(","):
+        coding, *params = (part.strip() for part in item.split(";"))
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        weights.setdefault(coding.lower(), q)
+    q = weights.get("gzip", weights.get("x-gzip", weights.get("*", 0.0)))
+    return q > 0
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = _somaxconn()
     # set by serve()
     ssl_context: ssl.SSLContext | None = None
 
@@ -56,10 +86,48 @@ class _Server(ThreadingHTTPServer):
         log.debug("connection from %s ended with an error", client_address, exc_info=True)
 
 
+def _body(render: Callable[[], Iterator[bytes]], gzipped: bool) -> list[bytes]:
+    """Family by family: the whole text is never joined in memory."""
+    if not gzipped:
+        return list(render())
+    gz = zlib.compressobj(1, zlib.DEFLATED, 31)  # wbits 31: gzip framing
+    parts = [gz.compress(chunk) for chunk in render()]
+    parts.append(gz.flush())
+    return parts
+
+
+class SharedBody:
+    """Scrapes that arrive while a body is being rendered get that body rather than render
+    their own: a burst of scrapes (HA Prometheus pairs, a retry storm) costs about one
+    render, and the thread accepting connections is not starved of the GIL meanwhile."""
+
+    def __init__(self, render: Callable[[], Iterator[bytes]]) -> None:
+        self._render = render
+        self._lock = threading.Lock()
+        self._pending: dict[bool, Future[list[bytes]]] = {}
+
+    def get(self, gzipped: bool) -> list[bytes]:
+        with self._lock:
+            future = self._pending.get(gzipped)
+            leader = future is None
+            if future is None:
+                future = self._pending[gzipped] = Future()
+        if leader:
+            try:
+                future.set_result(_body(self._render, gzipped))
+            except BaseException as err:
+                future.set_exception(err)
+            finally:
+                with self._lock:
+                    del self._pending[gzipped]
+        return future.result()
+
+
 def make_handler(render: Callable[[], Iterator[bytes]], web: WebConfig, telemetry_path: str,
                  max_requests: int = 40) -> type:
     # node_exporter's --web.max-requests: scrapes beyond this many at once get 503.
     slots = threading.BoundedSemaphore(max_requests) if max_requests > 0 else None
+    shared = SharedBody(render)
     landing = (
         "<html><head><title>gpunode-exporter</title></head><body>"
         f"<h1>gpunode-exporter {html.escape(__version__)}</h1>"
@@ -67,7 +135,6 @@ def make_handler(render: Callable[[], Iterator[bytes]], web: WebConfig, telemetr
     ).encode()
 
     class Handler(BaseHTTPRequestHandler):
-        server_version = f"gpunode-exporter/{__version__}"
         protocol_version = "HTTP/1.1"
         timeout = 60  # seconds an idle keep-alive connection may hold its thread
         # The response goes out in several writes (headers, then the body family by family);
@@ -76,6 +143,18 @@ def make_handler(render: Callable[[], Iterator[bytes]], web: WebConfig, telemetr
 
         def log_message(self, format: str, *args: object) -> None:
             log.debug("%s %s", self.address_string(), format % args)
+
+        def version_string(self) -> str:
+            return "gpunode-exporter"  # no versions for a scanner to match against
+
+        def parse_request(self) -> bool:
+            if len(self.raw_requestline.split()) == 2:  # "GET /": HTTP/0.9, no headers, no auth
+                self.command, self.requestline = None, str(self.raw_requestline[:80], "latin-1").rstrip()
+                self.request_version = "HTTP/1.0"  # the error goes out with a status line
+                self.close_connection = True
+                self.send_error(400, "HTTP/0.9 is not served")
+                return False
+            return super().parse_request()
 
         def _authorized(self) -> bool:
             if not web.users:
@@ -105,34 +184,32 @@ def make_handler(render: Callable[[], Iterator[bytes]], web: WebConfig, telemetr
                         self.wfile.write(part)
 
         def do_GET(self) -> None:
-            if not self._authorized():
-                self._send(401, b"Unauthorized\n", "text/plain; charset=utf-8",
-                           {"WWW-Authenticate": 'Basic realm="gpunode-exporter"'})
-                return
             path = self.path.split("?", 1)[0]
-            if path == telemetry_path:
-                if slots is not None and not slots.acquire(blocking=False):
-                    self._send(503, b"Too many concurrent scrapes\n", "text/plain; charset=utf-8", {})
-                    return
-                try:
+            # The limit comes before authentication: a flood of wrong passwords must not cost a
+            # bcrypt check each beyond --web.max-requests at once.
+            limited = path == telemetry_path and slots is not None
+            if limited and not slots.acquire(blocking=False):
+                self._send(503, b"Too many concurrent scrapes\n", "text/plain; charset=utf-8", {})
+                return
+            try:
+                if not self._authorized():
+                    self._send(401, b"Unauthorized\n", "text/plain; charset=utf-8",
+                               {"WWW-Authenticate": 'Basic realm="gpunode-exporter"'})
+                elif path == telemetry_path:
                     self._metrics()
-                finally:
-                    if slots is not None:
-                        slots.release()
-            elif path == "/":
-                self._send(200, landing, "text/html; charset=utf-8", {})
-            else:
-                self._send(404, b"Not Found\n", "text/plain; charset=utf-8", {})
+                elif path == "/":
+                    self._send(200, landing, "text/html; charset=utf-8", {})
+                else:
+                    self._send(404, b"Not Found\n", "text/plain; charset=utf-8", {})
+            finally:
+                if limited:
+                    slots.release()
 
         def _metrics(self) -> None:
-            # Family by family: the whole text is never joined in memory.
-            if "gzip" in self.headers.get("Accept-Encoding", ""):
-                gz = zlib.compressobj(1, zlib.DEFLATED, 31)  # wbits 31: gzip framing
-                parts = [gz.compress(chunk) for chunk in render()]
-                parts.append(gz.flush())
-                self._send(200, parts, CONTENT_TYPE, {"Content-Encoding": "gzip"})
+            if accepts_gzip(self.headers.get("Accept-Encoding", "")):
+                self._send(200, shared.get(True), CONTENT_TYPE, {"Content-Encoding": "gzip"})
             else:
-                self._send(200, list(render()), CONTENT_TYPE, {})
+                self._send(200, shared.get(False), CONTENT_TYPE, {})
 
         do_HEAD = do_GET  # noqa: N815
 

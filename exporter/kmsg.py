@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from exporter.numbers import U32_MAX, KernelNumberError, u64
+
 # A kernel record is at most 8 KiB with its dictionary (CONSOLE_EXT_LOG_MAX); a
 # read with a smaller buffer fails with EINVAL.
 DEVICE_READ_SIZE = 16384
@@ -39,17 +41,18 @@ class Record:
 
 
 def parse_record(raw: bytes) -> Record:
-    """One record (its first line is used, the dictionary ignored). ValueError if malformed."""
+    """One record (its first line is used, the dictionary ignored). ValueError if malformed
+    (KernelNumberError, a ValueError, for a number the kernel could not have printed)."""
     head, sep, body = raw.partition(b";")
     fields = head.split(b",", 4)
     if not sep or len(fields) < 4:
         raise ValueError("not a kmsg record: want prio,seq,usec,flags;text")
-    # int() accepts surrounding whitespace and "_" digit separators; the kernel writes neither.
-    if not (fields[0].isdigit() and fields[1].isdigit() and fields[2].isdigit()):
-        raise ValueError("not a kmsg record: non-numeric prio, seq or usec")
-    prio = int(fields[0])
+    # printk's devkmsg_read prints "%u,%llu,%llu": anything else is no kernel record.
+    prio, seq, usec = u64(fields[0]), u64(fields[1]), u64(fields[2])
+    if prio > U32_MAX:
+        raise KernelNumberError(f"kmsg prio {prio} past 2**32 - 1")
     line_end = body.find(b"\n")
-    return Record(prio >> 3, prio & 7, int(fields[1]), int(fields[2]), body if line_end < 0 else body[:line_end])
+    return Record(prio >> 3, prio & 7, seq, usec, body if line_end < 0 else body[:line_end])
 
 
 def unescape(text: bytes) -> str:

@@ -105,6 +105,11 @@ class Scraper:
         elif self._problems.new(name, failure):
             log.error("collector %s %s", name, failure)
 
+    def still_running(self) -> list[str]:
+        """Collectors whose last collect() has not returned (stuck on a FIFO, a hung NFS read)."""
+        with self._lock:
+            return sorted(name for name, future in self._in_flight.items() if not future.done())
+
     def close(self, wait: bool = False) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=True)
         for collector in self.collectors:

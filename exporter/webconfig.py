@@ -34,9 +34,18 @@ _UNSUPPORTED_TLS_KEYS = {"cert", "key", "client_ca", "cipher_suites", "curve_pre
 
 
 @functools.cache
-def _dummy_hash() -> bytes:
-    """Checked for unknown users, so they cost as much time as known ones."""
-    return bcrypt.hashpw(b"unknown-user", bcrypt.gensalt(10))
+def _dummy_hash(cost: int) -> bytes:
+    """Checked for unknown users at the users' own cost, so an unknown name takes as long to
+    refuse as a known one: the time tells nothing of which names exist."""
+    return bcrypt.hashpw(b"unknown-user", bcrypt.gensalt(cost))
+
+
+def _cost(hashed: bytes) -> int:
+    """The cost of "$2b$12$...": 4 to 31."""
+    field = hashed[4:6]
+    if not (field.isdigit() and field.isascii() and 4 <= int(field) <= 31 and hashed[6:7] == b"$"):
+        raise ConfigError("not a bcrypt hash: want $2b$NN$...")
+    return int(field)
 
 
 @dataclass
@@ -58,7 +67,8 @@ class WebConfig:
             return cached
         hashed = self.users.get(user)
         try:
-            ok = bcrypt.checkpw(password.encode(), hashed or _dummy_hash()) and hashed is not None
+            dummy = _dummy_hash(max(map(_cost, self.users.values())))
+            ok = bcrypt.checkpw(password.encode(), hashed or dummy) and hashed is not None
         except ValueError:
             ok = False
         with self._lock:
@@ -66,6 +76,22 @@ class WebConfig:
                 self._verified.clear()
             self._verified[key] = ok
         return ok
+
+
+def _mapping(value: object, where: str) -> dict:
+    """A section: absent or empty is {}; anything but a mapping of strings is an error."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(f"{where}: want a mapping with string keys, got {type(value).__name__}")
+    return value
+
+
+def _string(section: dict, key: str, where: str, default: str | None = None) -> str | None:
+    value = section.get(key, default)
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{where}.{key}: want a string, got {type(value).__name__}")
+    return value
 
 
 def _check_keys(section: dict, known: set[str], where: str) -> None:
@@ -78,6 +104,8 @@ def _check_keys(section: dict, known: set[str], where: str) -> None:
 
 def _ssl_context(tls: dict, base: Path) -> ssl.SSLContext:
     _check_keys(tls, _TLS_KEYS, "tls_server_config")
+    for name in _TLS_KEYS:
+        _string(tls, name, "tls_server_config")
     cert, key = tls.get("cert_file"), tls.get("key_file")
     if not cert or not key:
         raise ConfigError("tls_server_config: cert_file and key_file are both required")
@@ -117,19 +145,32 @@ def load(path: Path | None) -> WebConfig:
 
 
 def _parse(data: object, base: Path) -> WebConfig:
-    if not isinstance(data, dict):
-        raise ConfigError("want a mapping at the top level")
+    data = _mapping(data, "top level")
     _check_keys(data, {"tls_server_config", "basic_auth_users", "http_server_config"}, "web")
     web = WebConfig()
-    if data.get("tls_server_config"):
-        web.ssl_context = _ssl_context(data["tls_server_config"], base)
-    for user, hashed in (data.get("basic_auth_users") or {}).items():
-        hashed = str(hashed).encode()
+    tls = _mapping(data.get("tls_server_config"), "tls_server_config")
+    if tls:
+        web.ssl_context = _ssl_context(tls, base)
+    for user, hashed in _mapping(data.get("basic_auth_users"), "basic_auth_users").items():
+        if not isinstance(hashed, str) or not hashed.isascii():
+            raise ConfigError(f"basic_auth_users.{user}: want a bcrypt hash string")
+        hashed = hashed.encode()
         if not hashed.startswith((b"$2a$", b"$2b$", b"$2y$")):
             raise ConfigError(f"basic_auth_users.{user}: not a bcrypt hash")
+        try:
+            _cost(hashed)
+        except ConfigError as err:
+            raise ConfigError(f"basic_auth_users.{user}: {err}") from None
         web.users[str(user)] = hashed
-    http = data.get("http_server_config") or {}
+    if web.users:
+        _dummy_hash(max(map(_cost, web.users.values())))  # made now, not on the first unknown user
+    http = _mapping(data.get("http_server_config"), "http_server_config")
     _check_keys(http, {"headers", "http2"}, "http_server_config")
-    web.headers = {str(k): str(v) for k, v in (http.get("headers") or {}).items()}
+    headers = _mapping(http.get("headers"), "http_server_config.headers")
+    for name, value in headers.items():
+        # A header line cannot hold a line break: it would end the header (response splitting).
+        if not isinstance(value, str) or any(c in name + value for c in "\r\n\0") or not name.strip():
+            raise ConfigError(f"http_server_config.headers.{name!r}: want a one-line string")
+    web.headers = dict(headers)
     return web
 

@@ -27,13 +27,27 @@ def proc(tmp_path: Path) -> FakeProc:
 
 
 def test_parsers_on_real_formats() -> None:
-    stat = parse_stat(STAT.format(pid=77, ppid=12, start=98765))
+    stat = parse_stat(STAT.format(pid=77, ppid=12, start=98765).encode())
     assert (stat.ppid, stat.start_ticks) == (12, 98765)  # comm with spaces and parentheses
-    assert parse_io(IO_TEXT.format(1, 2, 3, 4)) == IO(1, 2, 3, 4)
+    assert parse_io(IO_TEXT.format(1, 2, 3, 4).encode()) == IO(1, 2, 3, 4)
     with pytest.raises(PidFileError):
-        parse_stat("77 (cut")
+        parse_stat(b"77 (cut")
     with pytest.raises(PidFileError):
-        parse_io("rchar: 1\nwchar: x\n")
+        parse_io(b"rchar: 1\nwchar: x\n")
+
+
+@pytest.mark.parametrize("bad", [b"-12", b"+12", b"1_2", "\u0661\u0662".encode(), b"9" * 400])
+def test_stat_and_io_numbers_are_the_kernels(bad: bytes) -> None:
+    with pytest.raises(PidFileError):
+        parse_stat(STAT.format(pid=77, ppid=12, start=98765).encode().replace(b" 12 ", b" " + bad + b" ", 1))
+    with pytest.raises(PidFileError):
+        parse_io(IO_TEXT.format(1, 2, 3, 4).encode().replace(b"rchar: 1", b"rchar: " + bad))
+
+
+def test_a_name_that_is_not_utf8_costs_nothing() -> None:
+    # prctl(PR_SET_NAME) takes any bytes: a comm of invalid UTF-8 with ') (' in it.
+    stat = parse_stat(b"77 (\xff\xfe) (x) S 12" + b" 0" * 17 + b" 98765 0 0\n")
+    assert (stat.ppid, stat.start_ticks) == (12, 98765)
 
 
 def test_only_per_gpu_device_nodes_count(proc: FakeProc) -> None:
@@ -209,17 +223,17 @@ def test_real_processes_and_reaping(tmp_path: Path) -> None:
         worker = int(trainer.stdout.readline())
         pid = _child_python(trainer.pid)
         tracker = ProcessTracker(Path("/proc"), rescan_young_seconds=0)
-        _wait(lambda: parse_io(Path(f"/proc/{worker}/io").read_text()).rchar >= 3 << 20)
+        _wait(lambda: parse_io(Path(f"/proc/{worker}/io").read_bytes()).rchar >= 3 << 20)
         before = tracker.scan()
         assert before.processes >= 2  # the trainer and its worker (and nothing else here uses /dev/nvidia0)
-        mine = {p: parse_io(Path(f"/proc/{p}/io").read_text()) for p in (pid, worker)}
+        mine = {p: parse_io(Path(f"/proc/{p}/io").read_bytes()) for p in (pid, worker)}
         assert mine[worker].rchar >= 3 << 20 and mine[pid].rchar >= 2 << 20
         trainer.stdin.write("\n")  # the worker exits and is reaped
         trainer.stdin.flush()
         assert trainer.stdout.readline().strip() == "reaped"
         after = tracker.scan()
         # The worker's reads now show in the trainer's own io (kernel's wait_task_zombie)...
-        assert parse_io(Path(f"/proc/{pid}/io").read_text()).rchar >= mine[pid].rchar + mine[worker].rchar
+        assert parse_io(Path(f"/proc/{pid}/io").read_bytes()).rchar >= mine[pid].rchar + mine[worker].rchar
         # ...and our total counted them once: it grew by less than the worker's 3 MiB again.
         assert before.totals.rchar <= after.totals.rchar < before.totals.rchar + (3 << 20)
         assert after.processes == before.processes - 1

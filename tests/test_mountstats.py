@@ -96,11 +96,21 @@ def test_transport_layouts(line: str, fields: int) -> None:
     assert len(mountstats.parse_transport(line).values) == fields
 
 
+def test_idle_time_is_signed() -> None:
+    # xs_tcp_print_stats prints idle_time with %ld; a clock step can make it negative.
+    assert mountstats.parse_transport("tcp 1 2 3 4 -5 6 7 8 9 10").values["idle_time"] == -5
+
+
 @pytest.mark.parametrize(("line", "reason"), [
     ("tcp 1 2 3", "want at least 10"),
     ("udp 1 2 3 4 5 6", "want at least 7"),
     ("quic 1 2 3", "unknown transport"),
-    ("tcp 1 2 3 4 5 6 7 8 9 x", "non-numeric"),
+    ("tcp 1 2 3 4 5 6 7 8 9 x", "not an unsigned 64-bit number"),
+    ("tcp 1 2 3 -4 5 6 7 8 9 10", "not an unsigned 64-bit number"),  # connect_time is %lu
+    ("tcp 1 2 3 4 5 +6 7 8 9 10", "not an unsigned 64-bit number"),
+    ("tcp 1 2 3 4 5 6 7 8 9 1_000", "not an unsigned 64-bit number"),
+    ("tcp 1 2 3 4 5 6 7 8 9 \u0661\u0662", "not an unsigned 64-bit number"),  # Arabic-Indic digits
+    ("tcp 1 2 3 4 5 6 7 8 9 18446744073709551616", "not an unsigned 64-bit number"),  # 2**64
     ("", "empty"),
 ])
 def test_bad_transport_lines(line: str, reason: str) -> None:
@@ -110,7 +120,13 @@ def test_bad_transport_lines(line: str, reason: str) -> None:
 
 @pytest.mark.parametrize(("line", "reason"), [
     ("READ: 1 2 3", "want 8 or 9"),
-    ("READ: 1 2 3 4 5 6 7 -", "non-numeric"),
+    ("READ: 1 2 3 4 5 6 7 -", "not an unsigned 64-bit number"),
+    ("READ: 1 2 3 4 5 -100000000000000000000000000000 7 8", "not an unsigned 64-bit number"),
+    ("READ: 1 2 3 4 5 6 7 18446744073709551616", "past 2\\*\\*64"),
+    ("READ: 1 2 3 4 5 6 7 " + "9" * 400, "not an unsigned 64-bit number"),
+    ("READ: 1 2 3 4 5 6 7 1_000", "not an unsigned 64-bit number"),
+    ("READ: 1 2 3 4 5 6 7 +8", "not an unsigned 64-bit number"),
+    ("READ: 1 2 3 4 5 6 7 \u0668", "not an unsigned 64-bit number"),
     ("READ 1 2 3 4 5 6 7 8", "without 'NAME:'"),
 ])
 def test_bad_operation_lines(line: str, reason: str) -> None:

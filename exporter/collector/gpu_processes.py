@@ -25,6 +25,9 @@ WRITE_CALLS = MetricSpec("gpunode_gpu_process_write_syscalls_total", "counter",
 PENDING = MetricSpec("gpunode_gpu_process_checks_pending", "gauge",
                      "Processes not yet checked for GPU use: a scrape spends at most "
                      "gpu_processes.check_budget_seconds on checks, the rest wait for the next one.")
+PARSE_ERRORS = MetricSpec("gpunode_gpu_process_parse_errors_total", "counter",
+                          "/proc/PID/stat or io files not in the kernel's format (a number no kernel prints), "
+                          "counted on every read that saw one; that process alone is skipped.")
 UNREADABLE = MetricSpec("gpunode_gpu_process_unreadable", "gauge",
                         "Processes the exporter may not inspect: fd = cannot tell whether it uses a GPU, "
                         "io = a GPU process whose I/O is not counted. Run as root or grant CAP_SYS_PTRACE "
@@ -45,8 +48,8 @@ NODE_WORKLOAD = MetricSpec("gpunode_node_workload_info", "gauge",
 class GPUProcessesCollector(Collector):
     name = "gpu_processes"
     description = "read()/write() bytes and calls of processes using GPUs, monotonic across exits."
-    metrics = (PROCESSES, READ_BYTES, WRITE_BYTES, READ_CALLS, WRITE_CALLS, PENDING, UNREADABLE, GPU_WORKLOAD,
-               NODE_WORKLOAD)
+    metrics = (PROCESSES, READ_BYTES, WRITE_BYTES, READ_CALLS, WRITE_CALLS, PENDING, PARSE_ERRORS, UNREADABLE,
+               GPU_WORKLOAD, NODE_WORKLOAD)
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -61,7 +64,8 @@ class GPUProcessesCollector(Collector):
         snap = self._tracker.scan()
         for spec, value in ((PROCESSES, snap.processes), (READ_BYTES, snap.totals.rchar),
                             (WRITE_BYTES, snap.totals.wchar), (READ_CALLS, snap.totals.syscr),
-                            (WRITE_CALLS, snap.totals.syscw), (PENDING, snap.pending)):
+                            (WRITE_CALLS, snap.totals.syscw), (PENDING, snap.pending),
+                            (PARSE_ERRORS, snap.parse_errors)):
             family = spec.family()
             family.add((), value)
             yield family

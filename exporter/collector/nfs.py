@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from exporter.collector.base import Collector, Context, Family, MetricSpec, register
+from exporter.numbers import u64
 from exporter.procfs import mountinfo, mountstats
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def read_slot_limits(procfs: Path) -> dict[str, int]:
     limits = {}
     for protocol, name in _SLOT_SYSCTLS.items():
         try:
-            limits[protocol] = int((procfs / "sys" / "sunrpc" / name).read_text())
+            limits[protocol] = u64((procfs / "sys" / "sunrpc" / name).read_bytes().strip())
         except (OSError, ValueError):
             continue  # module not loaded, or not our business to fail the scrape over
     return limits

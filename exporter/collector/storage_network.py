@@ -33,17 +33,22 @@ RDMA_PORT_INFO = MetricSpec("gpunode_rdma_port_info", "gauge",
 RDMA_COUNTERS = {name: MetricSpec(f"gpunode_rdma_{spec.suffix}_total", "counter", f"{spec.help} ({name})", _PORT)
                  for name, spec in net.RDMA_COUNTERS.items()}
 
+PARSE_ERRORS = MetricSpec("gpunode_storage_network_parse_errors_total", "counter",
+                          "RDMA hw_counters files holding no number the kernel prints (a sign, '_', a value past "
+                          "64 bits), counted on every read that saw one; that counter alone is left out.")
+
 
 @register
 class StorageNetworkCollector(Collector):
     name = "storage_network"
     description = "Storage interfaces (routes to NFS servers): link speed, RoCE ECN/CNP counters, PFC pauses."
-    metrics = (STORAGE_INTERFACE, LINK_SPEED, PFC_PAUSE, RDMA_PORT_INFO, *RDMA_COUNTERS.values())
+    metrics = (STORAGE_INTERFACE, LINK_SPEED, PFC_PAUSE, RDMA_PORT_INFO, *RDMA_COUNTERS.values(), PARSE_ERRORS)
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self._ethtool = Ethtool()
         self._problems = Problems()  # ethtool errors per device
+        self._parse_errors = 0
 
     def _storage_interfaces(self) -> dict[str, str]:
         """{device: source}: interfaces routing to NFS servers, then those configured."""
@@ -86,6 +91,10 @@ class StorageNetworkCollector(Collector):
                     counters[name].add((port.device, port.port), value)
         yield info
         yield from counters.values()
+        self._parse_errors += sum(port.malformed for port in ports)
+        errors = PARSE_ERRORS.family()
+        errors.add((), self._parse_errors)
+        yield errors
 
     def _pfc(self, device: str) -> dict[tuple[str, str], int]:
         try:

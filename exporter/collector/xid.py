@@ -39,13 +39,16 @@ SOURCE = MetricSpec("gpunode_xid_source", "gauge",
 STATE_ERRORS = MetricSpec("gpunode_xid_state_errors_total", "counter",
                           "Problems with the XID state file under --path.state (load: corrupt or "
                           "unreadable, replaced; save; lock: another exporter uses it).", ("operation",))
+READER_FAILURES = MetricSpec("gpunode_xid_reader_failures_total", "counter",
+                             "Times the XID reader failed and was started again; while it is down "
+                             "the xid collector reports failure.")
 
 
 @register
 class XidCollector(Collector):
     name = "xid"
     description = "XID events from the kernel log (or NVML events), with NVIDIA's action."
-    metrics = (XID_ERRORS, XID_LAST, RECOVERY, LOST, READ, MALFORMED, SOURCE, STATE_ERRORS)
+    metrics = (XID_ERRORS, XID_LAST, RECOVERY, LOST, READ, MALFORMED, SOURCE, STATE_ERRORS, READER_FAILURES)
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -87,6 +90,11 @@ class XidCollector(Collector):
         for operation in ("load", "save", "lock"):
             state_errors.add((operation,), snap.state_errors.get(operation, 0))
         yield state_errors
+        failures = READER_FAILURES.family()
+        failures.add((), snap.reader_failures)
+        yield failures
+        if snap.reader_error is not None:  # the counts above stand, but no longer grow
+            raise RuntimeError(f"XID reader down: {snap.reader_error}")
 
     def close(self) -> None:
         self.tracker.close()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from exporter.numbers import U64_MAX, KernelNumberError, s64, u64
+
 NFS_FSTYPES = frozenset({"nfs", "nfs4"})
 
 # Field names of each transport's xprt line, in kernel order. Older kernels
@@ -28,6 +30,9 @@ TRANSPORT_FIELDS: dict[str, tuple[str, ...]] = {
     "rdma": ("port", "bind_count", "connect_count", "connect_time", "idle_time",
              "sends", "recvs", "bad_xids", "req_u", "bklog_u"),
 }
+# idle_time is the one signed field (%ld: jiffies since last use, divided by HZ).
+_SIGNED = {protocol: frozenset({names.index("idle_time")}) for protocol, names in TRANSPORT_FIELDS.items()
+           if "idle_time" in names}
 # Every kernel prints each transport's fields up to bklog_u; a shorter line is malformed.
 _LAST_REQUIRED = "bklog_u"
 
@@ -35,6 +40,7 @@ _DEVICE_RE = re.compile(
     r"^device (?P<device>\S+) mounted on (?P<mountpoint>\S+) with fstype (?P<fstype>\S+)"
     r"(?: statvers=(?P<statvers>\S+))?\s*$"
 )
+_U64_FIELDS = re.compile(r"[ \t]*(?:[0-9]{1,20}(?:[ \t]+|\Z))*", re.ASCII)
 _OCTAL_ESCAPE_RE = re.compile(r"\\([0-7]{3})")
 # Times above this are negative sums wrapped to u64 by old kernels (procfs #166).
 WRAPPED_THRESHOLD = 1 << 63
@@ -110,18 +116,29 @@ def unescape(value: str) -> str:
     return _OCTAL_ESCAPE_RE.sub(lambda m: chr(int(m.group(1), 8)), value)
 
 
-def _ints(fields: list[str], what: str) -> list[int]:
+def _ints(fields: list[str], what: str, signed: frozenset[int] = frozenset()) -> list[int]:
+    """The kernel prints these %lu/%llu, except the positions in signed (%ld)."""
     try:
-        return [int(f) for f in fields]
-    except ValueError:
-        raise MountStatsError(f"non-numeric field in {what}") from None
+        return [s64(f) if i in signed else u64(f) for i, f in enumerate(fields)]
+    except KernelNumberError as err:
+        raise MountStatsError(f"{what}: {err}") from None
+
+
+def _u64s(text: str, what: str) -> list[int]:
+    """Whitespace-separated %llu fields; one regex and map(int) keep the scrape's hot loop fast."""
+    if _U64_FIELDS.fullmatch(text) is None:
+        raise MountStatsError(f"{what}: a field that is not an unsigned 64-bit number")
+    nums = list(map(int, text.split()))
+    if nums and max(nums) > U64_MAX:
+        raise MountStatsError(f"{what}: a field past 2**64 - 1")
+    return nums
 
 
 def parse_operation(line: str) -> Operation:
     name, sep, rest = line.strip().partition(":")
     if not sep or not name:
         raise MountStatsError("per-op line without 'NAME:'")
-    nums = _ints(rest.split(), f"op {name}")
+    nums = _u64s(rest, f"op {name}")
     if len(nums) < 8:
         raise MountStatsError(f"op {name}: {len(nums)} numbers, want 8 or 9")
     return Operation(name, *nums[:8], errors=nums[8] if len(nums) > 8 else None)
@@ -135,7 +152,7 @@ def parse_transport(rest: str) -> Transport:
     names = TRANSPORT_FIELDS.get(protocol)
     if names is None:
         raise MountStatsError(f"unknown transport {protocol!r}")
-    nums = _ints(parts[1:], f"xprt {protocol}")
+    nums = _ints(parts[1:], f"xprt {protocol}", _SIGNED.get(protocol, frozenset()))
     required = names.index(_LAST_REQUIRED) + 1
     if len(nums) < required:
         raise MountStatsError(f"xprt {protocol}: {len(nums)} numbers, want at least {required}")

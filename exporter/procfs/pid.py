@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exporter.numbers import KernelNumberError, u64
+
 
 class PidFileError(ValueError):
     """The file is not in the kernel's format (or was cut short)."""
@@ -15,17 +17,18 @@ class Stat:
     start_ticks: int  # field 22: clock ticks after boot at which the process started
 
 
-def parse_stat(text: str) -> Stat:
-    """/proc/PID/stat. comm (field 2) may hold spaces and parentheses: split after the last ')'."""
-    _, paren, rest = text.rpartition(")")
+def parse_stat(data: bytes) -> Stat:
+    """/proc/PID/stat. comm (field 2) may hold any bytes but NUL, spaces and parentheses
+    included (prctl(PR_SET_NAME) lets any user set it): split after the last ')'."""
+    _, paren, rest = data.rpartition(b")")
     fields = rest.split()
     if not paren or len(fields) < 20:
-        raise PidFileError(f"stat: want >= 22 fields, got {text[:80]!r}")
+        raise PidFileError(f"stat: want >= 22 fields, got {data[:80]!r}")
     try:
-        # rest starts at field 3 (state): ppid is field 4, starttime field 22.
-        return Stat(ppid=int(fields[1]), start_ticks=int(fields[19]))
-    except ValueError:
-        raise PidFileError(f"stat: non-numeric ppid or starttime in {text[:80]!r}") from None
+        # rest starts at field 3 (state): ppid is field 4 (%d), starttime field 22 (%llu).
+        return Stat(ppid=u64(fields[1]), start_ticks=u64(fields[19]))
+    except KernelNumberError as err:
+        raise PidFileError(f"stat: ppid or starttime: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -47,25 +50,26 @@ class IO:
                   max(self.syscr, other.syscr), max(self.syscw, other.syscw))
 
 
-def parse_io(text: str) -> IO:
-    """/proc/PID/io: 'rchar: 323934931' lines."""
-    values: dict[str, int] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
+def parse_io(data: bytes) -> IO:
+    """/proc/PID/io: 'rchar: 323934931' lines (%llu)."""
+    values: dict[bytes, int] = {}
+    for line in data.splitlines():
+        key, sep, value = line.partition(b":")
         if sep:
             try:
-                values[key.strip()] = int(value)
-            except ValueError:
-                raise PidFileError(f"io: non-numeric {line!r}") from None
+                values[key.strip()] = u64(value.strip())
+            except KernelNumberError as err:
+                raise PidFileError(f"io: {key[:20]!r}: {err}") from None
     try:
-        return IO(values["rchar"], values["wchar"], values["syscr"], values["syscw"])
+        return IO(values[b"rchar"], values[b"wchar"], values[b"syscr"], values[b"syscw"])
     except KeyError as missing:
-        raise PidFileError(f"io: no {missing.args[0]} line") from None
+        raise PidFileError(f"io: no {missing.args[0]!r} line") from None
 
 
-def parse_uptime(text: str) -> float:
-    """/proc/uptime: seconds since boot (first of two numbers)."""
+def parse_uptime(data: bytes) -> float:
+    """/proc/uptime: seconds since boot (first of two numbers, "%lu.%02lu")."""
+    whole, dot, hundredths = (data.split() or [b""])[0].partition(b".")
     try:
-        return float(text.split()[0])
-    except (IndexError, ValueError):
-        raise PidFileError(f"uptime: {text[:40]!r}") from None
+        return u64(whole) + (u64(hundredths) / 10 ** len(hundredths) if dot else 0.0)
+    except KernelNumberError:
+        raise PidFileError(f"uptime: {data[:40]!r}") from None

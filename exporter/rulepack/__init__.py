@@ -29,6 +29,7 @@ def shipped_spec() -> dict[str, Any]:
 def merge(base: Any, override: Any, where: str = "spec") -> Any:
     """override's values over base's, recursively for mappings; lists and scalars are replaced."""
     if not isinstance(base, dict):
+        _check_type(base, override, where)
         return override
     if not isinstance(override, dict):
         raise ConfigError(f"{where}: want a mapping, got {type(override).__name__}")
@@ -38,6 +39,33 @@ def merge(base: Any, override: Any, where: str = "spec") -> Any:
             raise ConfigError(f"{where}.{key}: unknown key (known: {', '.join(sorted(base))})")
         merged[key] = merge(base[key], value, f"{where}.{key}")
     return merged
+
+
+_NULLABLE = ("spec.precursor.signals.",)  # null leaves a signal out (spec.yaml says so there)
+
+
+def _check_type(base: Any, value: Any, where: str) -> None:
+    """A value keeps the kind of the shipped one: a number stays a number >= 0 (windows,
+    thresholds, counts), a string a string, a list a list of the same kind of items."""
+    if value is None and where.startswith(_NULLABLE):
+        return
+    if isinstance(base, bool) or base is None:
+        ok = isinstance(value, type(base))
+        want = "true or false" if isinstance(base, bool) else "null"
+    elif isinstance(base, int | float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("inf")
+        want = "a number >= 0"
+    elif isinstance(base, str):
+        ok, want = isinstance(value, str), "a string"
+    elif isinstance(base, list):
+        ok, want = isinstance(value, list), "a list"
+        if ok and base:
+            for i, item in enumerate(value):
+                _check_type(base[0], item, f"{where}[{i}]")
+    else:  # pragma: no cover - a new kind of value in spec.yaml needs a branch here
+        ok, want = False, type(base).__name__
+    if not ok:
+        raise ConfigError(f"{where}: want {want}, got {value!r:.60}")
 
 
 def load_spec(path: Path | None = None) -> dict[str, Any]:

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from exporter.numbers import KernelNumberError, s64, u64
+
 # SPEED_UNKNOWN (include/uapi/linux/ethtool.h: (__u32)-1) as "%d" and as "%u".
 _UNKNOWN_SPEEDS = frozenset({-1, 0xFFFFFFFF})
 _BITS_PER_MBIT = 1_000_000
@@ -74,8 +76,8 @@ def link_speed_bytes(sysfs: Path, device: str) -> float | None:
     if text is None:
         return None
     try:
-        mbps = int(text)
-    except ValueError:
+        mbps = s64(text)  # ethtool's speed is printed %d; -1 is unknown
+    except KernelNumberError:
         return None
     if mbps in _UNKNOWN_SPEEDS or mbps <= 0:  # some drivers report 0 without a link
         return None
@@ -155,6 +157,7 @@ class RDMAPort:
     netdev: str  # the Ethernet netdev behind a RoCE port ("" for InfiniBand or unknown)
     link_layer: str  # "Ethernet" | "InfiniBand" | "" (ports/N/link_layer)
     hw_counters: dict[str, int]  # every file in ports/N/hw_counters that holds an integer (not lifespan)
+    malformed: int = 0  # hw_counters files holding something no kernel prints ("+7", "-5", "1_000")
 
 
 def _natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
@@ -169,8 +172,10 @@ def _listdir(path: Path) -> list[str]:
         return []
 
 
-def _hw_counters(directory: Path) -> dict[str, int]:
+def _hw_counters(directory: Path) -> tuple[dict[str, int], int]:
+    """(counters, files that hold no kernel number)."""
     counters: dict[str, int] = {}
+    malformed = 0
     for name in sorted(_listdir(directory)):
         if name in _NOT_COUNTERS:
             continue
@@ -178,12 +183,10 @@ def _hw_counters(directory: Path) -> dict[str, int]:
         if text is None:
             continue
         try:
-            value = int(text)
-        except ValueError:
-            continue
-        if value >= 0:
-            counters[name] = value
-    return counters
+            counters[name] = u64(text)  # "%llu"; a negative or odd number is no counter
+        except KernelNumberError:
+            malformed += 1
+    return counters, malformed
 
 
 def _netdev_of_function(ibdev: Path, port: str) -> str:
@@ -224,5 +227,5 @@ def rdma_ports(sysfs: Path) -> list[RDMAPort]:
                 link_layer = ""  # "Unknown" (iWARP and others), or unreadable
             # An InfiniBand port has no Ethernet netdev (ib0 is IPoIB, a separate device).
             netdev = _roce_netdev(ibdev, port) if link_layer == "Ethernet" else ""
-            found.append(RDMAPort(device, port, netdev, link_layer, _hw_counters(port_dir / "hw_counters")))
+            found.append(RDMAPort(device, port, netdev, link_layer, *_hw_counters(port_dir / "hw_counters")))
     return found

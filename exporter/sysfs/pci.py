@@ -79,9 +79,15 @@ def canonical_bus_id(bus_id: str) -> str:
     return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
 
 
+_HEX = re.compile(rb"0x[0-9a-fA-F]{1,8}")
+
+
 def _read_hex(path: Path) -> int:
-    # "0x10de\n"; int(_, 16) accepts the 0x prefix.
-    return int(path.read_text().strip(), 16)
+    """"0x10de\n" (ValueError otherwise: int(_, 16) alone would take "_" and Unicode digits)."""
+    text = path.read_bytes().strip()
+    if _HEX.fullmatch(text) is None:
+        raise ValueError(f"{path}: not a sysfs hex id: {text[:20]!r}")
+    return int(text, 16)
 
 
 def _responding(device_dir: Path) -> bool | None:

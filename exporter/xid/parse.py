@@ -17,15 +17,16 @@ import re
 from dataclasses import dataclass
 
 from exporter.kmsg import FACILITY_KERNEL, Record, unescape
+from exporter.numbers import U32_MAX, KernelNumberError, u64
 
 _XID = re.compile(
     r"NVRM: Xid \("
     r"(?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)?"
     r"(?:\s*GPU-I:\s*(?P<gi>\d+))?(?:\s*GPU-CI:\s*(?P<ci>\d+))?"
-    r"[^)]*\):\s*(?P<xid>\d+)\b,?\s*(?P<rest>.*)",
-    re.DOTALL,
+    r"[^)]*\):\s*(?P<xid>[^\s,]+),?\s*(?P<rest>.*)",  # the code checked by _u32, so a bad one is seen
+    re.DOTALL | re.ASCII,  # \d: the driver prints ASCII digits, not any Unicode digit
 )
-_PROCESS = re.compile(r"pid=(?P<pid>'<unknown>'|<unknown>|\d+)(?:,\s*name=(?P<name>[^,]*))?,?\s*")
+_PROCESS = re.compile(r"pid=(?P<pid>'<unknown>'|<unknown>|\d+)(?:,\s*name=(?P<name>[^,]*))?,?\s*", re.ASCII)
 _RECOVERY = re.compile(r"recovery action changed from 0x[0-9a-fA-F]+ \([^)]*\) to 0x(?P<to>[0-9a-fA-F]+)")
 RECOVERY_XID = 154
 
@@ -51,7 +52,8 @@ def xid_in_record(record: Record) -> XidEvent | None:
 
 
 def parse_xid(text: str) -> XidEvent | None:
-    """The event in one kernel log line (its text after the kmsg header), or None."""
+    """The event in one kernel log line (its text after the kmsg header), or None.
+    KernelNumberError (a ValueError) if it is an Xid line with a number no driver prints."""
     match = _XID.match(text)
     if match is None:
         return None
@@ -60,19 +62,26 @@ def parse_xid(text: str) -> XidEvent | None:
     name: str | None = None
     process = _PROCESS.match(rest)
     if process is not None:
-        pid = int(process["pid"]) if process["pid"].isdigit() else None
+        pid = _u32(process["pid"]) if process["pid"].isdigit() else None
         raw_name = process["name"]
         name = raw_name.strip() if raw_name and raw_name.strip() != "<unknown>" else None
         rest = rest[process.end():]
-    xid = int(match["xid"])
+    xid = _u32(match["xid"])
     recovery = _RECOVERY.search(rest) if xid == RECOVERY_XID else None
     return XidEvent(
         xid=xid,
         pci_bus_id=match["bus"].lower() if match["bus"] else None,
         pid=pid,
         name=name,
-        gpu_instance=int(match["gi"]) if match["gi"] else None,
-        compute_instance=int(match["ci"]) if match["ci"] else None,
-        recovery_action=int(recovery["to"], 16) if recovery else None,
+        gpu_instance=_u32(match["gi"]) if match["gi"] else None,
+        compute_instance=_u32(match["ci"]) if match["ci"] else None,
+        recovery_action=_u32(int(recovery["to"], 16)) if recovery else None,
         message=rest.strip(),
     )
+
+
+def _u32(text: str | int) -> int:
+    value = text if isinstance(text, int) else u64(text)
+    if value > U32_MAX:
+        raise KernelNumberError(f"{value} past 2**32 - 1")
+    return value

@@ -17,9 +17,11 @@ sequence number are read again from the ring buffer and counted then.
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import fcntl
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -40,6 +42,7 @@ from exporter.xid.parse import xid_in_record
 
 log = logging.getLogger(__name__)
 
+READER_BACKOFF, READER_BACKOFF_MAX = 1.0, 60.0  # seconds before a failed reader starts again
 SAVE_INTERVAL = 0.5  # seconds between saves while XIDs are being counted
 IDLE_SAVE_INTERVAL = 5.0  # ... while only the record position moves
 MAX_KEYS = 4096  # (bus id, xid) pairs kept; a flood of odd bus ids must not grow memory
@@ -56,6 +59,8 @@ class Snapshot:
     records_read: int
     records_malformed: int
     state_errors: dict[str, int]
+    reader_failures: int
+    reader_error: str | None  # set while the reader is down after a failure
 
 
 class XidTracker:
@@ -95,7 +100,9 @@ class XidTracker:
                 self._path = state_dir / statefile.FILE_NAME
         self.records_read = 0
         self._save_wanted = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="xid", daemon=True)
+        self.reader_failures = 0
+        self.reader_error: str | None = None  # why the reader is down; None while it runs
+        self._thread = threading.Thread(target=self._supervise, name="xid", daemon=True)
         # Saves run in their own thread: a slow fsync must not hold up reading the log.
         self._saver = threading.Thread(target=self._save_loop, name="xid-state", daemon=True)
 
@@ -105,9 +112,13 @@ class XidTracker:
 
     def _claim(self, state_dir: Path) -> Any:
         """One exporter per state directory: a second one would overwrite the first's counts."""
+        path = state_dir / "xid-state.lock"
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
-            lock = open(state_dir / "xid-state.lock", "a")  # noqa: SIM115 - held for the process's life
+            if path.is_symlink():  # created through, a planted link would create its target
+                path.unlink()
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            lock = open(fd, "r+b")  # noqa: SIM115 - held for the process's life
         except OSError as err:
             self._problem("lock", f"cannot use {state_dir} ({err}); XID counts will not be saved")
             return None
@@ -126,6 +137,23 @@ class XidTracker:
 
     # --- the kernel log -------------------------------------------------------
 
+    def _supervise(self) -> None:
+        """Whatever goes wrong in the reader, it starts again (after a growing pause) where it
+        stopped: after the last record applied, as across an exporter restart."""
+        backoff = 0.0
+        while not self._stop.is_set():
+            try:
+                self._run()
+                return
+            except Exception as err:  # any: a dead reader would silently stop counting
+                backoff = min(max(2 * backoff, READER_BACKOFF), READER_BACKOFF_MAX)
+                with self._lock:
+                    self.reader_failures += 1
+                    self.reader_error = f"{type(err).__name__}: {err}"
+                    self.source = None
+                log.exception("XID reader failed; starting it again in %.0f s", backoff)
+                self._stop.wait(backoff)
+
     def _run(self) -> None:
         # XIDs counted from NVML events have no log position: counting the ring buffer from
         # its start (or from the last record read before the switch) would count them again,
@@ -137,7 +165,9 @@ class XidTracker:
             log.warning("cannot read %s (%s): counting XIDs from NVML events instead", self._kmsg, err.strerror)
             self._run_nvml()
             return
-        self.source = self.state.source = "kmsg"
+        with self._lock:
+            self.source = self.state.source = "kmsg"
+            self.reader_error = None
         self._skip_lost = from_end
         if from_end:
             self.state.kmsg_seq = None  # the first record read sets the position
@@ -180,7 +210,11 @@ class XidTracker:
             elif not self._skip_lost:
                 lost += record.seq  # overwritten before this boot's log was first read
             last = record.seq
-            event = xid_in_record(record)
+            try:
+                event = xid_in_record(record)
+            except ValueError:  # an Xid line with a number no driver prints: that record alone
+                malformed += 1
+                continue
             if event is not None:
                 bus = _canonical(event.pci_bus_id)
                 events.append((bus, event.xid, event.recovery_action, self._boot_wall + record.usec / 1e6))
@@ -234,6 +268,7 @@ class XidTracker:
                 handles = self._register(event_set, devices)
                 if handles:
                     self.source = self.state.source = "nvml"
+                    self.reader_error = None
                     self._wait_events(event_set, handles)
                 self.source = None
                 self._stop.wait(5 if not handles else 1)
@@ -297,7 +332,7 @@ class XidTracker:
                 due = time.monotonic() - self._last_save >= interval
                 if not (self._dirty or self._dirty_xid) or not (force or due):
                     return
-                snapshot = statefile.State.from_json(self.state.to_json())
+                snapshot = copy.deepcopy(self.state)
                 self._dirty = self._dirty_xid = False
                 self._last_save = time.monotonic()
             try:
@@ -324,6 +359,8 @@ class XidTracker:
                 records_read=self.records_read,
                 records_malformed=self.malformed,
                 state_errors=dict(self.state_errors),
+                reader_failures=self.reader_failures,
+                reader_error=self.reader_error,
             )
 
     def close(self) -> None:

@@ -1,0 +1,309 @@
+"""Every parser of untrusted input, fed what hypothesis makes of it: each returns a valid result or
+raises its own parse error, never anything else, and never a negative or out-of-type counter.
+
+Inputs are real lines with their numbers and names swapped for hostile ones (signs, "_",
+Unicode digits, hundreds of digits, bytes that are not UTF-8), and raw bytes besides.
+EXAMPLES examples per parser (README.md: how many CI runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from exporter import numbers, rulepack, webconfig
+from exporter.config import ConfigError
+from exporter.ethtool import pfc_pause_frames
+from exporter.kmsg import parse_record
+from exporter.procfs import cgroup, mountinfo, mountstats, pid
+from exporter.sysfs import net
+from exporter.xid import state as statefile
+from exporter.xid.parse import parse_xid
+
+EXAMPLES = 300
+FIXTURES = Path(__file__).parent / "fixtures"
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# Numbers as a hostile kernel line might print them.
+WEIRD_NUMBERS = st.one_of(
+    st.integers(min_value=-(10 ** 30), max_value=10 ** 30).map(str),
+    st.sampled_from(["+7", " 7", "1_000", "\u0661\u0662", "\u0968", "\uff17", "0x10", "1e3", "-0", "", "nan",
+                     str(numbers.U64_MAX), str(numbers.U64_MAX + 1), str(numbers.S64_MIN), "9" * 400, "7" * 5000]),
+)
+NAMES = st.one_of(st.text(max_size=20), st.binary(max_size=20).map(lambda b: b.decode("utf-8", "surrogateescape")))
+
+
+def _mutate(lines: list[str], data: st.DataObject) -> str:
+    """Real lines with some of their numbers (and words) replaced."""
+    out = []
+    for line in lines:
+        words = line.split(" ")
+        for i in data.draw(st.lists(st.integers(0, max(0, len(words) - 1)), max_size=3)):
+            words[i] = data.draw(st.one_of(WEIRD_NUMBERS, NAMES))
+        out.append(" ".join(words))
+    return "\n".join(out)
+
+
+def _in_u64(value: int) -> bool:
+    return isinstance(value, int) and 0 <= value <= numbers.U64_MAX
+
+
+# --- numbers --------------------------------------------------------------------------
+
+@SETTINGS
+@given(st.one_of(WEIRD_NUMBERS, st.binary(max_size=30).map(lambda b: b.decode("latin-1"))))
+def test_kernel_numbers(text: str) -> None:
+    for parse, low, high in ((numbers.u64, 0, numbers.U64_MAX), (numbers.s64, numbers.S64_MIN, numbers.S64_MAX)):
+        try:
+            value = parse(text)
+        except numbers.KernelNumberError:
+            continue
+        assert low <= value <= high
+        assert re.fullmatch("-?[0-9]+" if parse is numbers.s64 else "[0-9]+", text, re.ASCII)
+
+
+# --- /proc/PID/mountstats --------------------------------------------------------------
+
+_MOUNTSTATS = (FIXTURES / "procfs" / "real" / "self" / "mountstats").read_text().splitlines()
+
+
+@SETTINGS
+@given(st.data())
+def test_mountstats(data: st.DataObject) -> None:
+    start = data.draw(st.integers(0, len(_MOUNTSTATS) - 1))
+    text = _mutate(_MOUNTSTATS[start:start + data.draw(st.integers(1, 120))], data)
+    parsed = mountstats.parse(text)  # never raises: a bad section is a problem, not an exception
+    for mount in parsed.mounts:
+        for op in mount.operations:
+            counts = [op.requests, op.transmissions, op.major_timeouts, op.sent_bytes, op.received_bytes,
+                      op.queue_ms, op.rtt_ms, op.execute_ms] + ([op.errors] if op.errors is not None else [])
+            assert all(map(_in_u64, counts))
+        for xprt in mount.transports:
+            for name, value in xprt.values.items():
+                assert (numbers.S64_MIN <= value <= numbers.S64_MAX) if name == "idle_time" else _in_u64(value)
+
+
+@SETTINGS
+@given(st.text(max_size=400))
+def test_mountstats_any_text(text: str) -> None:
+    assert isinstance(mountstats.parse(text), mountstats.MountStats)
+
+
+@SETTINGS
+@given(st.data())
+def test_mountinfo(data: st.DataObject) -> None:
+    line = ("36 35 0:41 / /mnt/data rw,relatime shared:1 - nfs4 srv:/export "
+            "rw,vers=4.2,addr=10.0.0.5,clientaddr=10.0.0.9")
+    text = _mutate([line, data.draw(st.text(max_size=80))], data)
+    for key, address in mountinfo.nfs_server_addresses(text).items():
+        assert all(isinstance(part, str) for part in (*key, address))
+
+
+# --- /dev/kmsg and Xid lines ------------------------------------------------------------
+
+_KMSG = (FIXTURES / "kmsg" / "real-xid.kmsg").read_text().splitlines()
+
+
+@SETTINGS
+@given(st.data())
+def test_kmsg_records_and_xid_lines(data: st.DataObject) -> None:
+    line = data.draw(st.sampled_from(_KMSG))
+    head, _, text = line.partition(";")
+    fields = head.split(",")
+    for i in data.draw(st.lists(st.integers(0, len(fields) - 1), max_size=2)):
+        fields[i] = data.draw(WEIRD_NUMBERS)
+    words = text.split(" ")
+    for i in data.draw(st.lists(st.integers(0, len(words) - 1), max_size=3)):
+        words[i] = data.draw(st.one_of(WEIRD_NUMBERS, NAMES, WEIRD_NUMBERS.map(lambda n: n + ",")))
+    raw = (",".join(fields) + ";" + " ".join(words)).encode("utf-8", "surrogateescape")
+    try:
+        record = parse_record(raw)
+    except ValueError:
+        return
+    assert _in_u64(record.seq) and _in_u64(record.usec) and record.facility >= 0 and 0 <= record.level <= 7
+    try:
+        event = parse_xid(" ".join(words))
+    except numbers.KernelNumberError:
+        return
+    if event is not None:
+        assert 0 <= event.xid <= numbers.U32_MAX
+        for value in (event.pid, event.gpu_instance, event.compute_instance, event.recovery_action):
+            assert value is None or 0 <= value <= numbers.U32_MAX
+
+
+@SETTINGS
+@given(st.binary(max_size=200))
+def test_kmsg_any_bytes(raw: bytes) -> None:
+    try:
+        record = parse_record(raw)
+    except ValueError:
+        return
+    assert _in_u64(record.seq) and _in_u64(record.usec)
+
+
+# --- /proc/PID/stat, io, uptime, cgroup -------------------------------------------------------
+
+_STAT = (b"77 (python3 (train)) R 12 2176 24769 0 -1 4194304 2859 6532 6 1 4 1 4 2 20 0 1 0 98765 "
+         b"16965632 3380 18446744073709551615 94574818803712 0\n")
+
+
+@SETTINGS
+@given(st.data())
+def test_proc_stat(data: st.DataObject) -> None:
+    words = _STAT.split(b" ")
+    for i in data.draw(st.lists(st.integers(0, len(words) - 1), max_size=3)):
+        words[i] = data.draw(st.one_of(WEIRD_NUMBERS.map(str.encode), st.binary(max_size=12)))
+    try:
+        stat = pid.parse_stat(b" ".join(words))
+    except pid.PidFileError:
+        return
+    assert _in_u64(stat.ppid) and _in_u64(stat.start_ticks)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.sampled_from([b"rchar", b"wchar", b"syscr", b"syscw", b"read_bytes", b"x"]),
+                          st.one_of(WEIRD_NUMBERS.map(str.encode), st.binary(max_size=10))), max_size=8))
+def test_proc_io(lines: list[tuple[bytes, bytes]]) -> None:
+    try:
+        io = pid.parse_io(b"".join(k + b": " + v + b"\n" for k, v in lines))
+    except pid.PidFileError:
+        return
+    assert all(map(_in_u64, (io.rchar, io.wchar, io.syscr, io.syscw)))
+
+
+@SETTINGS
+@given(st.one_of(st.binary(max_size=40), st.tuples(WEIRD_NUMBERS, WEIRD_NUMBERS).map(
+    lambda t: f"{t[0]}.{t[1]} 5.00\n".encode())))
+def test_proc_uptime(data: bytes) -> None:
+    try:
+        seconds = pid.parse_uptime(data)
+    except pid.PidFileError:
+        return
+    assert math.isfinite(seconds) and seconds >= 0
+
+
+@SETTINGS
+@given(st.binary(max_size=200))
+def test_proc_cgroup(data: bytes) -> None:
+    try:
+        paths = cgroup.parse_cgroup(data)
+    except cgroup.CgroupFileError:
+        return
+    for path in paths:
+        path.encode("utf-8")  # valid for a label value
+
+
+# --- sysfs and ethtool counters -----------------------------------------------------------
+
+@SETTINGS
+@given(st.dictionaries(st.sampled_from(["np_cnp_sent", "rp_cnp_handled", "out_of_buffer", "lifespan"]),
+                       st.one_of(WEIRD_NUMBERS.map(str.encode), st.binary(max_size=12)), max_size=4))
+def test_sysfs_counters(files: dict[str, bytes]) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        for name, content in files.items():
+            (Path(directory) / name).write_bytes(content)
+        counters, malformed = net._hw_counters(Path(directory))
+    assert all(map(_in_u64, counters.values())) and len(counters) + malformed <= len(files)
+    assert "lifespan" not in counters
+
+
+@SETTINGS
+@given(st.dictionaries(st.one_of(st.text(max_size=30), st.sampled_from(
+    ["rx_prio3_pause", "tx_prio0_pause", "rx_pause_ctrl_phy", "tx_global_pause", "rx_prio9_pause"])),
+    st.integers(0, numbers.U64_MAX), max_size=10))
+def test_ethtool_pfc(stats: dict[str, int]) -> None:
+    for (direction, priority), frames in pfc_pause_frames(stats).items():
+        assert direction in ("rx", "tx") and _in_u64(frames)
+        priority.encode("utf-8")
+
+
+# --- files the exporter reads: the XID state, the web config, the rule spec -------------------
+
+JSON = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10 ** 400), max_value=10 ** 400),
+              st.floats(), st.text(max_size=10)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)),
+    max_leaves=20)
+_GOOD_STATE = {"version": 1, "boot_id": "b", "source": "kmsg", "kmsg_seq": 3, "records_lost": 0,
+               "gpus": {"0000:1b:00.0": {"gpu": "0", "uuid": "GPU-1"}},
+               "xids": [{"pci_bus_id": "0000:1b:00.0", "xid": 79, "count": 2, "last": 1.5e9}], "recovery": {}}
+
+
+@SETTINGS
+@given(st.data())
+def test_state_file(data: st.DataObject) -> None:
+    state = json.loads(json.dumps(_GOOD_STATE))
+    # Replace a value somewhere in a good state with anything JSON can hold.
+    node: dict | list = state
+    while True:
+        key = data.draw(st.sampled_from(list(node) if isinstance(node, dict) else range(len(node))))
+        child = node[key]  # type: ignore[index]
+        if isinstance(child, dict | list) and child and data.draw(st.booleans()):
+            node = child
+            continue
+        node[key] = data.draw(JSON)  # type: ignore[index]
+        break
+    text = json.dumps(state, allow_nan=True) if data.draw(st.booleans()) else data.draw(st.text(max_size=200))
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / statefile.FILE_NAME
+        path.write_text(text, encoding="utf-8", errors="surrogatepass")
+        loaded, problem = statefile.load(path, "b")
+    assert (problem is None) or loaded == statefile.State("b")
+    assert loaded.kmsg_seq is None or _in_u64(loaded.kmsg_seq)
+    for count in loaded.counts.values():
+        assert _in_u64(count.value) and math.isfinite(count.last_seconds) and count.last_seconds >= 0
+    for value in (*loaded.gpus, *(part for ids in loaded.gpus.values() for part in ids)):
+        value.encode("utf-8")
+
+
+YAML_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=12)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=12), inner, max_size=3)),
+    max_leaves=10)
+
+
+@SETTINGS
+@given(st.one_of(
+    st.fixed_dictionaries({}, optional={"basic_auth_users": YAML_VALUES, "http_server_config": YAML_VALUES,
+                                        "tls_server_config": YAML_VALUES}),
+    YAML_VALUES))
+def test_web_config(data: object) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "web.yml"
+        path.write_text(json.dumps(data))  # JSON is YAML
+        with contextlib.suppress(ConfigError):
+            webconfig.load(path)
+
+
+_SPEC = rulepack.shipped_spec()
+
+
+def _spec_override(data: st.DataObject) -> dict:
+    """A path of the shipped spec's keys, ending in any value."""
+    override: dict = {}
+    node, base = override, _SPEC
+    while True:
+        key = data.draw(st.sampled_from(sorted(base)))
+        if isinstance(base[key], dict) and data.draw(st.booleans()):
+            node = node.setdefault(key, {})
+            base = base[key]
+            continue
+        node[key] = data.draw(YAML_VALUES)
+        return override
+
+
+@settings(max_examples=EXAMPLES // 3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_rule_spec(data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "spec.yaml"
+        path.write_text(json.dumps(_spec_override(data)))
+        with contextlib.suppress(ConfigError):
+            rulepack.render(rulepack.load_spec(path))
