@@ -173,7 +173,10 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int, spec_path: Path | 
                           f"storage: {{tsdb: {{out_of_order_time_window: {window}h}}}}\n")
         server = ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={data}",
                   f"--web.listen-address=127.0.0.1:{port}", "--web.enable-remote-write-receiver",
-                  "--storage.tsdb.retention.time=10y", "--query.lookback-delta=5m"]
+                  "--storage.tsdb.retention.time=10y", "--query.lookback-delta=5m",
+                  # as -search.maxQueryDuration below: a replay range query over days of 60+ nodes
+                  # (the fail-slow peer median) passed the default 2 minutes on a busy machine
+                  "--query.timeout=10m"]
         write_url, ready = url, f"{url}/-/ready"  # vmalert appends /api/v1/write
     else:
         data = workdir / "vm-data"
