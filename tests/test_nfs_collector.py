@@ -27,7 +27,7 @@ def ckpt(op: str) -> tuple:
 
 def test_slot_wait_and_network_split_in_seconds(procfs: Path) -> None:
     got = collect_samples(NFSCollector(nfs_context(procfs)))
-    # The fixture mirrors seed 000's WRITE: 1,495 ms of 1,621 ms waiting for a slot.
+    # The fixture mirrors the Lablup B200 operations report's WRITE: 1,495 ms of 1,621 ms waiting for a slot.
     ops = got["gpunode_nfs_rpc_operations_total"][ckpt("WRITE")]
     assert got["gpunode_nfs_rpc_queue_seconds_total"][ckpt("WRITE")] / ops == pytest.approx(1.495)
     assert got["gpunode_nfs_rpc_rtt_seconds_total"][ckpt("WRITE")] / ops == pytest.approx(0.126)

@@ -24,8 +24,8 @@ BUCKETS = {
     "RESTART_BM", "RESTART_VM", "UPDATE_SWFW", "WORKFLOW_NVLINK5_ERR", "WORKFLOW_NVLINK_ERR",
     "WORKFLOW_XID_45", "WORKFLOW_XID_48", "XID_154",
 }
-# The codes the exporter's brief names; all are in NVIDIA's table.
-BRIEF_CODES = {13, 31, 32, 38, 43, 45, 46, 48, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 109, 119,
+# The codes the rule pack and docs name; all are in NVIDIA's table.
+NAMED_CODES = {13, 31, 32, 38, 43, 45, 46, 48, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 109, 119,
                120, 121, 140, 143, *range(144, 151), *range(154, 159)}
 ALL = frozenset({"A100", "H100", "B100", "GB200"})
 R565 = "CUDA 12.7; GPU driver R565"
@@ -60,7 +60,7 @@ def test_packaged_catalog_loads_whole_and_is_cached() -> None:
     assert codes == sorted(set(codes)) and len(codes) == len(cat)
     # NVIDIA's table ran 1..172 without gaps when it was copied; it only grows.
     assert set(codes) >= set(range(1, 173))
-    assert set(codes) >= BRIEF_CODES
+    assert set(codes) >= NAMED_CODES
 
 
 def test_packaged_file_has_no_duplicate_codes_and_names_its_source() -> None:
