@@ -8,7 +8,7 @@ A synthetic fleet (this script's own stdlib HTTP server) serves ONE exposition w
 node's series, `instance` and `job` set on each series (scraped with honor_labels), as
 gpunode-exporter (job="gpunode"), node_exporter (job="node") and dcgm-exporter (job="dcgm")
 would serve them: the label sets of tests/golden/*.prom and README's metric table, counters
-that rise between scrapes, a few percent of nodes deviating (XIDs, lost GPUs, degraded
+that rise between scrapes, a few percent of nodes deviating (Xids, lost GPUs, degraded
 links, remaps, precursor and fail-slow outliers, NFS slot saturation, a checkpoint load) so
 that the alerts have work. Every metric the rule files read is found by parsing their
 expressions (promql_parser); the run warns about any the generator does not produce.
@@ -27,7 +27,7 @@ rule) and vmalert's vmalert_iteration_duration_seconds (per-evaluation durations
 summary's _sum/_count deltas, and its own quantiles). Also: iterations missed, backend CPU
 and RSS, series in the TSDB, samples per scrape, the series each recorded metric adds, the
 alerts that fire. Groups with an interval longer than --max-group-interval (the hourly
-remap trend and XID history) run at the evaluation interval here, or they would not be
+remap trend and Xid history) run at the evaluation interval here, or they would not be
 evaluated at all in a few minutes; the report says which.
 
 Results: a table on stdout and benchmarks/results/rules_eval.json.

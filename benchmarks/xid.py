@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""XID collector: kernel-log parse throughput, append-to-/metrics latency, and a 50,000 records/s flood.
+"""Xid collector: kernel-log parse throughput, append-to-/metrics latency, and a 50,000 records/s flood.
 
     .venv/bin/python benchmarks/xid.py [--records 1000000] [--repetitions 5] [--events 1000]
                                        [--flood-seconds 60] [--flood-rate 50000]
 
-The three targets of the XID issue, each beside a peer in the same run:
+The three targets of the Xid issue, each beside a peer in the same run:
 
 1. Parse throughput (target >= 200,000 records/s): ~1,000,000 records cycling
    the real kernel records of tests/fixtures/kmsg/real-other.kmsg (seq
@@ -23,8 +23,8 @@ The three targets of the XID issue, each beside a peer in the same run:
    every Xid counted or every gap counted as lost, RSS stable): a writer thread
    appends paced batches to the file the exporter follows; the exporter's RSS,
    CPU and counts are sampled every second. Peer: the same flood beside the same
-   exporter with only the staging collector (no XID thread), for the RSS and CPU
-   the XID thread adds.
+   exporter with only the staging collector (no Xid thread), for the RSS and CPU
+   the Xid thread adds.
 
 Results: tables on stdout and benchmarks/results/xid.json (every raw number).
 """
@@ -85,14 +85,14 @@ DGX_SYSFS = ROOT / "tests" / "fixtures" / "sysfs" / "dgx-h100"
 # The 8 GPUs of the dgx-h100 sysfs fixture, in PCI order: their NVML-less index.
 GPUS = {"0000:1b:00": "0", "0000:43:00": "1", "0000:52:00": "2", "0000:61:00": "3",
         "0000:9d:00": "4", "0000:c3:00": "5", "0000:d1:00": "6", "0000:df:00": "7"}
-CODES = (13, 31, 48, 63, 74, 79, 94, 119)  # the codes the latency and flood XIDs rotate through
+CODES = (13, 31, 48, 63, 74, 79, 94, 119)  # the codes the latency and flood Xids rotate through
 XID_EVERY = 1000  # one Xid per this many records, in the mixed stream and the flood
 BATCH = 4096  # records per XidTracker._handle call: KmsgReader.read()'s max_records
 USEC_PER_RECORD = 20  # kernel timestamps of the generated records: seq * 20 us
 NAIVE_PATTERN = r"NVRM: Xid \(PCI:([0-9a-f:.]+)\): (\d+)"
 GREP = ["grep", "-c", "NVRM: Xid"]
-POLL_TIMEOUT = 5.0  # seconds an appended XID may take to show before the run fails
-JITTER = 0.005  # the sleep before each appended XID: uniform over one 5 ms poll period of the reader
+POLL_TIMEOUT = 5.0  # seconds an appended Xid may take to show before the run fails
+JITTER = 0.005  # the sleep before each appended Xid: uniform over one 5 ms poll period of the reader
 CATCH_UP_TIMEOUT = 60.0
 FLOOD_TICK = 0.010  # the writer appends one batch every 10 ms
 RSS_WINDOW = 40.0  # seconds at the end of the flood the RSS slope is fitted over
@@ -167,8 +167,8 @@ def mixed_stream(n: int) -> tuple[list[bytes], int]:
 
 
 class Stream:
-    """Records to append, seq contiguous from 0: the real non-Xid records cycled, and XIDs
-    rotated across the 8 GPUs and CODES. `expected` counts the XIDs made, per series."""
+    """Records to append, seq contiguous from 0: the real non-Xid records cycled, and Xids
+    rotated across the 8 GPUs and CODES. `expected` counts the Xids made, per series."""
 
     def __init__(self, others: list[tuple[bytes, bytes]], xid_templates: list[tuple[bytes, int, bytes]]) -> None:
         self.seq = 0
@@ -197,7 +197,7 @@ class Stream:
         return self._record(prio, text.replace(b"{bus}", bus.encode()))
 
     def batch(self, n: int) -> bytes:
-        """n records, every XID_EVERY-th seq an XID."""
+        """n records, every XID_EVERY-th seq an Xid."""
         return b"".join(self.xid() if self.seq % XID_EVERY == XID_EVERY - 1 else self.other()
                         for _ in range(n))
 
@@ -237,7 +237,7 @@ def get_new_connection(url: str) -> bytes:
 
 
 def check_series(body: bytes, expected: Counter[tuple[str, int]], what: str) -> None:
-    """Every XID series as written: the count per (bus id, code), the GPU index of each bus id."""
+    """Every Xid series as written: the count per (bus id, code), the GPU index of each bus id."""
     seen: dict[tuple[str, int], int] = {}
     for family in text_string_to_metric_families(body.decode()):
         for s in family.samples:
@@ -248,7 +248,7 @@ def check_series(body: bytes, expected: Counter[tuple[str, int]], what: str) -> 
                 seen[(bus, int(s.labels["xid"]))] = int(s.value)
     if seen != dict(expected):
         wrong = {k: (seen.get(k), expected.get(k)) for k in set(seen) | set(expected) if seen.get(k) != expected.get(k)}
-        raise BenchError(f"{what}: XID series differ from what was written, (seen, written): "
+        raise BenchError(f"{what}: Xid series differ from what was written, (seen, written): "
                          f"{dict(list(wrong.items())[:5])}")
 
 
@@ -388,7 +388,7 @@ class Follower:
         self.dir.mkdir()
         self.kmsg = self.dir / "kmsg"
         self.stream = Stream(others, xid_templates)
-        self.preamble = self.stream.batch(len(others))  # the machine's boot log, no XID in it
+        self.preamble = self.stream.batch(len(others))  # the machine's boot log, no Xid in it
         if key == "file":
             self.kmsg.write_bytes(self.preamble)
         else:
@@ -420,7 +420,7 @@ class Follower:
         self.scrape_only[how].append(time.perf_counter() - start_t)
 
     def event(self, how: str) -> None:
-        """Append one XID; poll /metrics until the counter total has risen by one."""
+        """Append one Xid; poll /metrics until the counter total has risen by one."""
         write_all(self.fd, self.stream.xid())  # an unbuffered write(2): in the file or pipe on return
         t0 = time.perf_counter()
         want = self.total + 1
@@ -433,9 +433,9 @@ class Follower:
             if total >= want:
                 break
             if seen - t0 > POLL_TIMEOUT:
-                raise BenchError(f"{self.server.label}: XID {want} not in /metrics after {POLL_TIMEOUT:.0f} s")
+                raise BenchError(f"{self.server.label}: Xid {want} not in /metrics after {POLL_TIMEOUT:.0f} s")
         if total != want:
-            raise BenchError(f"{self.server.label}: counter total {total} after {want} XIDs")
+            raise BenchError(f"{self.server.label}: counter total {total} after {want} Xids")
         self.total = total
         self.latencies[how].append(seen - t0)
         self.polls[how].append(polls)
@@ -454,11 +454,11 @@ def latency(args: argparse.Namespace, tmp: Path, proc: Path, running: list[Serve
         for f in followers:
             start(f.server, running)
             f.open()
-        time.sleep(0.5)  # both have read the preamble (no metric says so: it holds no XID)
+        time.sleep(0.5)  # both have read the preamble (no metric says so: it holds no Xid)
         for f in followers:
             counts = xid_counts(f.get("keepalive"))
             if counts != (0, 0, 0):
-                raise BenchError(f"{f.server.label}: want no XID, lost or malformed record before the "
+                raise BenchError(f"{f.server.label}: want no Xid, lost or malformed record before the "
                                  f"events, got {counts}")
         rng = random.Random(1)
         out: dict[str, Any] = {"events": args.events, "jitter_before_each_event_ms": [0, JITTER * 1000],
@@ -545,7 +545,7 @@ class Writer(threading.Thread):
 
 def flood(args: argparse.Namespace, tmp: Path, proc: Path, running: list[ServerProcess]) -> dict[str, Any]:
     """Both exporters at once, each following its own file; the writer appends the same records to both."""
-    labels = {"xid": "xid collector", "staging": "staging collector only (no XID thread)"}
+    labels = {"xid": "xid collector", "staging": "staging collector only (no Xid thread)"}
     servers: dict[str, ServerProcess] = {}
     files: dict[str, Path] = {}
     for key, label in labels.items():
@@ -591,7 +591,7 @@ def flood(args: argparse.Namespace, tmp: Path, proc: Path, running: list[ServerP
         end = {key: sample(key, time.monotonic() - t0) for key in labels}  # the writer has stopped
         load = machine_load(load0, cpu_times())
         self1 = resource.getrusage(resource.RUSAGE_SELF)
-        # Until every XID written is counted, or the counts stand still for 5 s.
+        # Until every Xid written is counted, or the counts stand still for 5 s.
         final = end["xid"]
         caught0 = last_change = time.monotonic()
         last = (final["xids_counted"], final["lost"])
@@ -686,7 +686,7 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     out += [
         {"target": f"flood: writer reached {fl['rate_wanted']:,} records/s (within 1 %)",
          "value": round(fl["rate_achieved"]), "pass": fl["rate_achieved"] >= 0.99 * fl["rate_wanted"]},
-        {"target": "flood: every XID counted (counted == written, lost 0, malformed 0)",
+        {"target": "flood: every Xid counted (counted == written, lost 0, malformed 0)",
          "value": f"{f['xids_counted']}/{fl['xids_written']}, lost {f['records_lost']}",
          "pass": f["all_counted"] and f["records_malformed"] == 0},
         {"target": f"flood: RSS stable (|slope| <= {RSS_STABLE_MIB_PER_MIN:g} MiB/min over the last "
@@ -730,7 +730,7 @@ def tables(r: dict[str, Any]) -> list[str]:
     fx, fp = fl["exporters"]["xid"], fl["exporters"]["staging"]
     lines += ["", f"| flood: {fl['rate_achieved']:,.0f} records/s achieved ({fl['rate_wanted']:,} wanted) for "
               f"{fl['writer_seconds']:.1f} s; {fl['records_written']:,} records, {fl['xids_written']:,} Xids | "
-              "xid collector | staging only (no XID thread) |", "|---|---:|---:|"]
+              "xid collector | staging only (no Xid thread) |", "|---|---:|---:|"]
 
     def row(label: str, get_value: Any) -> None:
         a, b = get_value(fx), get_value(fp) if "xids_counted" in fp else None
@@ -767,7 +767,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--records", type=int, default=1_000_000, help="records in the parse stream (default 1000000)")
     p.add_argument("--repetitions", type=int, default=5, help="parse repetitions each (default 5)")
-    p.add_argument("--events", type=int, default=1000, help="XIDs appended per follower for the latency (default 1000)")
+    p.add_argument("--events", type=int, default=1000, help="Xids appended per follower for the latency (default 1000)")
     p.add_argument("--scrape-only", type=int, default=200, help="scrapes with no new event, each (default 200)")
     p.add_argument("--flood-seconds", type=float, default=60.0, help="flood duration, each (default 60)")
     p.add_argument("--flood-rate", type=int, default=50_000, help="flood records per second (default 50000)")
@@ -794,7 +794,7 @@ def main(argv: list[str] | None = None) -> int:
                            "matches counted per (bus, code)",
             "grep": f"LC_ALL=C {' '.join(GREP)} FILE, wall time of the process, the file in the page cache",
             "latency": "two exporters (--collector.xid), one following a regular file, one a FIFO; per event one "
-                       "XID appended with one write(2), then GET /metrics until the counter total rises; events "
+                       "Xid appended with one write(2), then GET /metrics until the counter total rises; events "
                        "alternate between the two; round keepalive: one requests.Session per exporter, round "
                        "new_connection: Connection: close on every GET",
             "flood": f"a writer thread appends {FLOOD_TICK * 1000:g} ms batches, the same bytes to two files, each "

@@ -1,5 +1,5 @@
 """A demo scenario file: the training job's checkpoint cycle, the NFS mount, the simulated
-NVML (whose XIDs also go to the kernel log) and the alerts the webhook must receive.
+NVML (whose Xids also go to the kernel log) and the alerts the webhook must receive.
 
 Times are real seconds since the demo started. The schema is in docs/demo.md.
 """

@@ -52,7 +52,7 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
                    help="the kernel log device; a file of records in its format is followed as it "
                    "grows (replays, tests) (default: /dev/kmsg)")
     p.add_argument("--path.state", dest="state_dir", type=Path, default=Path("/var/lib/gpunode-exporter"),
-                   metavar="DIR", help="where XID counts are kept across restarts; dump reads it "
+                   metavar="DIR", help="where Xid counts are kept across restarts; dump reads it "
                    "but never writes (default: /var/lib/gpunode-exporter)")
     p.add_argument("--config.file", dest="config_file", type=Path, metavar="FILE",
                    help="optional YAML configuration (see README)")
@@ -75,8 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = sub.add_parser("serve", help="serve metrics over HTTP (the default)",
-                           description="Serve metrics over HTTP. Also: `dump` collects once "
-                           "and prints the exposition.")
+                           description="Serve metrics over HTTP (the default command). Other commands: "
+                           "`dump` (collect once, print the exposition, exit), `rules render` (the rule pack), "
+                           "`dashboards render` (the Grafana dashboards); `gpunode-exporter COMMAND --help` "
+                           "for each.")
     _common_flags(serve)
     serve.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN, type=_listen_address,
                        metavar="[HOST]:PORT", help=f"address to listen on (default: {DEFAULT_LISTEN})")
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         yield from renderer.chunks(scraper.collect())
         yield generate_latest(own)
 
-    # Listen first: an exporter that cannot listen starts no collector (no XID state is touched).
+    # Listen first: an exporter that cannot listen starts no collector (no Xid state is touched).
     server = _listen(args, render, web)
     if server is None:
         return 1
@@ -182,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _serve(server)
     finally:
-        scraper.close()  # stops the XID reader and saves its state
+        scraper.close()  # stops the Xid reader and saves its state
     return 0
 
 

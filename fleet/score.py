@@ -3,7 +3,7 @@
 An alert episode (an alert's labels firing over consecutive evaluations) detects a fault when
 it fires on the fault's node within the fault's window and its name is one of the class's
 detecting alerts. Lead time is the first detecting episode's start minus the fault's
-reference time (the XID, the slowdown's onset, the GPU's loss): negative = before it.
+reference time (the Xid, the slowdown's onset, the GPU's loss): negative = before it.
 Episodes of severity info (advice, e.g. the checkpoint interval) are not counted as alerts.
 An episode matching no fault is false; false alerts are counted per 1,000 healthy node-days
 (node time outside every fault window).

@@ -40,7 +40,7 @@ class Series:
 class Truth:
     kind: str
     node: str
-    onset: float  # unix seconds: the fault's reference time (the XID, the slowdown, the GPU's loss)
+    onset: float  # unix seconds: the fault's reference time (the Xid, the slowdown, the GPU's loss)
     start: float  # alerts on the node from here to end count as detecting it
     end: float
 
@@ -295,7 +295,7 @@ class Fleet:
             xl = {"gpu": str(g), "uuid": f"GPU-{n:08x}-0000-0000-0000-{g:012x}", "xid": str(code),
                   "action": XID_ACTIONS[code], "pci_bus_id": f"0000:{g:02x}:00.0"}
             first = self.start + t[np.argmax(count > 0)] if count.any() else 0
-            shown = count > 0  # the exporter exports an XID series from its first event on
+            shown = count > 0  # the exporter exports an Xid series from its first event on
             yield emit("gpunode_xid_errors_total", "gpunode", np.where(shown, count, np.nan), **xl)
             yield emit("gpunode_xid_last_event_timestamp_seconds", "gpunode", np.where(shown, first, np.nan), **xl)
         yield from self._nfs(n, faults, save, emit, load, save_bytes)

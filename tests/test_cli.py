@@ -24,6 +24,13 @@ def test_version() -> None:
     assert out.returncode == 0 and out.stdout.strip() == f"gpunode-exporter {__version__}"
 
 
+def test_help_names_every_command() -> None:
+    out = subprocess.run([sys.executable, "-m", "exporter", "--help"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=30)
+    text = " ".join(out.stdout.split())  # argparse wraps the description
+    assert out.returncode == 0 and all(f"`{c}`" in text for c in ("dump", "rules render", "dashboards render"))
+
+
 def test_dump_prints_the_exposition() -> None:
     out = run("dump", "--path.procfs", str(EDGE))
     assert out.returncode == 0

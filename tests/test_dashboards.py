@@ -146,16 +146,16 @@ def query(uid: str, title: str, ref: str = "A") -> dashboards.PanelQuery:
 
 
 def test_sources_follow_recording_rules_to_the_exporters() -> None:
-    gpu_util = query("gpunode-node", "1. GPU utilisation")
+    gpu_util = query("gpunode-node", "1. GPU utilization")
     assert gpu_util.sources == gpu_util.requires == {"dcgm"}
     # any one of seven signals from three exporters makes a score; the peer group's workload comes from
     # gpunode-exporter, joined to its owner by kube-state-metrics for Kubernetes pods
     scores = query("gpunode-cluster", "Precursor peer scores (largest per node)")
     assert scores.sources == {"gpunode", "node", "dcgm", "kube_state_metrics"} and scores.requires == {"gpunode"}
     # bytes from node_exporter over link speeds from gpunode-exporter
-    link = query("gpunode-node", "Storage link utilisation")
+    link = query("gpunode-node", "Storage link utilization")
     assert link.sources == link.requires == {"gpunode", "node"}
-    # save and training from NFS bytes alone; the load phase also needs GPU utilisation
+    # save and training from NFS bytes alone; the load phase also needs GPU utilization
     phase = query("gpunode-node", "Checkpoint phase")
     assert phase.sources == {"gpunode", "dcgm"} and phase.requires == {"gpunode"}
     dirty = query("gpunode-node", "4. Dirty and writeback page cache", "B")

@@ -53,7 +53,7 @@ def test_harness_finds_the_known_fault_and_keeps_healthy_nodes_silent(backend: s
     run = harness.run(backend, fleet, tmp_path, free_port())
     xid = fleet.start + 2 * 3600
     on_faulty = [f for f in run.firing if f.labels.get("instance") == "gpu004"]
-    # The XID alert fires at the XID's evaluation; GpuDown after its `for` (1m); the interrupt and
+    # The Xid alert fires at the Xid's evaluation; GpuDown after its `for` (1m); the interrupt and
     # process collapse 10 min earlier makes the precursor alert fire after its continuity (4m).
     assert {(f.alertname, f.start - xid) for f in on_faulty if f.alertname == "GpuXidHardwareFault"} == {
         ("GpuXidHardwareFault", 0.0)}

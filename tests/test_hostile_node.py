@@ -1,6 +1,6 @@
 """End to end: the exporter served from a node where everything is wrong at once.
 
-A corrupt XID state with planted symlinks beside it, a process named in bytes that are not
+A corrupt Xid state with planted symlinks beside it, a process named in bytes that are not
 UTF-8 and one whose stat has a 400-digit number, a mount with a negative 30-digit time and
 one with Arabic-Indic digits, an RDMA device whose name is not UTF-8 and counters no
 kernel prints, kernel records with numbers no kernel prints. The exporter must start,

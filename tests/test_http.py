@@ -29,7 +29,7 @@ PASSWORD = "s3cret"
 class Server:
     def __init__(self, *flags: str, host: str = "127.0.0.1") -> None:
         self.port = free_port()
-        self.state = tempfile.TemporaryDirectory()  # XID state: not the host's /var/lib
+        self.state = tempfile.TemporaryDirectory()  # Xid state: not the host's /var/lib
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "exporter", "--web.listen-address", f"{host}:{self.port}",
              "--path.procfs", str(EDGE), "--path.state", self.state.name, *flags],

@@ -98,7 +98,7 @@ def test_missing_path_raises(tmp_path: Path) -> None:
 @pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK), reason="/dev/kmsg not readable here")
 def test_real_dev_kmsg() -> None:
     """The kernel's own device: one record per read, sequence numbers increasing, and a record
-    written now (a harmless marker, not an XID) read back."""
+    written now (a harmless marker, not an Xid) read back."""
     reader = KmsgReader(Path("/dev/kmsg"))
     assert reader.is_device
     records = [parse_record(raw) for raw in reader.read(max_records=100000)]
@@ -143,7 +143,7 @@ def unlimited_devkmsg() -> Iterator[None]:
 def test_real_ring_buffer_overrun_shows_as_a_seq_gap(unlimited_devkmsg: None) -> None:
     """The real kernel: a reader that falls behind gets EPIPE and resumes at the oldest record;
     the jump in seq is what the tracker counts as lost. Writes user-facility records (never
-    XIDs) until the ring buffer has wrapped past the reader."""
+    Xids) until the ring buffer has wrapped past the reader."""
     reader = KmsgReader(Path("/dev/kmsg"))
     last = max(parse_record(raw).seq for raw in reader.read(max_records=1_000_000))
     tag = uuid.uuid4().hex

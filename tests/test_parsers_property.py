@@ -224,7 +224,7 @@ def test_ethtool_pfc(stats: dict[str, int]) -> None:
         priority.encode("utf-8")
 
 
-# --- files the exporter reads: the XID state, the web config, the rule spec -------------------
+# --- files the exporter reads: the Xid state, the web config, the rule spec -------------------
 
 JSON = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10 ** 400), max_value=10 ** 400),

@@ -126,7 +126,7 @@ def test_sysusers_and_tmpfiles_apply(tmp_path: Path) -> None:
     user = _setting("User")
     assert user == _setting("Group")
     passwd = (tmp_path / "etc" / "passwd").read_text()
-    assert re.search(rf"^{user}:x:\d+:\d+:.*:/var/lib/{user}:/usr/sbin/nologin$", passwd, re.M), passwd
+    assert re.search(rf"^{user}:x:\d+:\d+:.*:/:/usr/sbin/nologin$", passwd, re.M), passwd  # no home of its own
     assert re.search(rf"^{user}:x:\d+:", (tmp_path / "etc" / "group").read_text(), re.M)
     subprocess.run([tmpfiles, f"--root={tmp_path}", "--create"], check=True, capture_output=True, timeout=30)
     state = tmp_path / "var" / "lib" / _setting("StateDirectory")

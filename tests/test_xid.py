@@ -1,4 +1,4 @@
-"""XID events: parsing the driver's lines, counting them exactly (restarts, reboots, gaps), NVML events."""
+"""Xid events: parsing the driver's lines, counting them exactly (restarts, reboots, gaps), NVML events."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def test_fixture_records_parse_as_expected(name: str) -> None:
 
 @pytest.mark.parametrize("name", _KMSG_FIXTURES)
 def test_fixture_counted_by_the_tracker(name: str, tmp_path: Path) -> None:
-    """The same files through the reader and tracker: per code, as many XIDs as expected."""
+    """The same files through the reader and tracker: per code, as many Xids as expected."""
     want = _expectations(name)
     node = Node(tmp_path)
     shutil.copy(FIXTURES / "kmsg" / f"{name}.kmsg", node.kmsg)
@@ -376,7 +376,7 @@ def test_nvml_events_when_kmsg_unreadable(node: Node, trackers: list[XidTracker]
 
 
 def test_both_sources_count_each_xid_once(node: Node, trackers: list[XidTracker]) -> None:
-    node.xid(79)  # the same XID the simulated driver delivers as an event
+    node.xid(79)  # the same Xid the simulated driver delivers as an event
     with simulated_nvml(_EVENTS):
         trackers.append(t := node.tracker())
         time.sleep(0.5)
@@ -387,7 +387,7 @@ def test_both_sources_count_each_xid_once(node: Node, trackers: list[XidTracker]
 
 def test_kmsg_after_nvml_counted_only_from_now(node: Node, trackers: list[XidTracker]) -> None:
     """A state counted from NVML events has no log position: the log is read from its end, so the
-    XIDs NVML already counted are not counted again from the ring buffer."""
+    Xids NVML already counted are not counted again from the ring buffer."""
     node.xid(79)
     with simulated_nvml(_EVENTS):
         first = node.tracker(kmsg=node.kmsg.parent / "no-such-kmsg")
@@ -408,7 +408,7 @@ def test_back_to_kmsg_after_an_nvml_spell_skips_what_nvml_counted(node: Node, tr
     with simulated_nvml(_EVENTS):
         spell = node.tracker(kmsg=node.kmsg.parent / "no-such-kmsg")
         wait_for(spell, {("0000:1b:00.0", 79): 2, ("0000:43:00.0", 94): 2})
-        node.xid(79)  # the kernel logged the XID NVML just delivered
+        node.xid(79)  # the kernel logged the Xid NVML just delivered
         spell.close()
     trackers.append(t := node.tracker())
     assert counts(t) == {("0000:1b:00.0", 79): 2, ("0000:43:00.0", 94): 2}

@@ -1,4 +1,4 @@
-"""The XID collector in the running exporter: records appended to the log show in /metrics,
+"""The Xid collector in the running exporter: records appended to the log show in /metrics,
 counts survive SIGTERM and SIGKILL exactly, output passes promtool."""
 
 from __future__ import annotations

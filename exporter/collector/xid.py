@@ -1,6 +1,6 @@
-"""XID events per GPU and code, with NVIDIA's recommended action; the GPU's recovery action.
+"""Xid events per GPU and code, with NVIDIA's recommended action; the GPU's recovery action.
 
-Counting happens in the tracker's thread as the driver logs each XID (see
+Counting happens in the tracker's thread as the driver logs each Xid (see
 exporter/xid/tracker.py); a scrape only reads the counts.
 """
 
@@ -15,18 +15,18 @@ from exporter.xid.tracker import XidTracker
 
 _GPU = ("gpu", "uuid", "pci_bus_id")
 XID_ERRORS = MetricSpec("gpunode_xid_errors_total", "counter",
-                        "XID events the NVIDIA driver reported, by code; action is NVIDIA's immediate "
+                        "Xid events the NVIDIA driver reported, by code; action is NVIDIA's immediate "
                         "resolution bucket for the code (UNKNOWN: not in the catalog).",
                         (*_GPU, "xid", "action"))
 XID_LAST = MetricSpec("gpunode_xid_last_event_timestamp_seconds", "gauge",
-                      "When the latest XID of this code was logged (Unix time). Alert on time() minus "
-                      "this: unlike increase(), it sees the first XID of a new series.", (*_GPU, "xid", "action"))
+                      "When the latest Xid of this code was logged (Unix time). Alert on time() minus "
+                      "this: unlike increase(), it sees the first Xid of a new series.", (*_GPU, "xid", "action"))
 RECOVERY = MetricSpec("gpunode_gpu_recovery_action", "gauge",
                       "What the driver says the GPU needs (Xid 154, NVML): 0 none, 1 GPU reset, "
                       "2 node reboot, 3 drain P2P, 4 drain and reset.", _GPU)
 LOST = MetricSpec("gpunode_kmsg_records_lost_total", "counter",
                   "Kernel log records overwritten before they were read (the reader fell behind, or "
-                  "the exporter was not running): XIDs among them were not counted.")
+                  "the exporter was not running): Xids among them were not counted.")
 READ = MetricSpec("gpunode_kmsg_records_read_total", "counter",
                   "Kernel log records read (any subsystem): the log's rate, and with the lost count, "
                   "how far behind the reader runs.")
@@ -34,20 +34,20 @@ MALFORMED = MetricSpec("gpunode_kmsg_records_malformed_total", "counter",
                        "Kernel log records that could not be parsed (bad header, overlong line) and "
                        "were skipped.")
 SOURCE = MetricSpec("gpunode_xid_source", "gauge",
-                    "1 for the source XIDs are counted from: the kernel log (kmsg) or NVML events "
+                    "1 for the source Xids are counted from: the kernel log (kmsg) or NVML events "
                     "(nvml, when the log cannot be read). All 0: neither works.", ("source",))
 STATE_ERRORS = MetricSpec("gpunode_xid_state_errors_total", "counter",
-                          "Problems with the XID state file under --path.state (load: corrupt or "
+                          "Problems with the Xid state file under --path.state (load: corrupt or "
                           "unreadable, replaced; save; lock: another exporter uses it).", ("operation",))
 READER_FAILURES = MetricSpec("gpunode_xid_reader_failures_total", "counter",
-                             "Times the XID reader failed and was started again; while it is down "
+                             "Times the Xid reader failed and was started again; while it is down "
                              "the xid collector reports failure.")
 
 
 @register
 class XidCollector(Collector):
     name = "xid"
-    description = "XID events from the kernel log (or NVML events), with NVIDIA's action."
+    description = "Xid events from the kernel log (or NVML events), with NVIDIA's action."
     metrics = (XID_ERRORS, XID_LAST, RECOVERY, LOST, READ, MALFORMED, SOURCE, STATE_ERRORS, READER_FAILURES)
 
     def __init__(self, ctx: Context) -> None:
@@ -59,7 +59,7 @@ class XidCollector(Collector):
         self._first = True
 
     def collect(self) -> Iterator[Family]:
-        if self._first:  # XIDs already in the log belong in the first scrape
+        if self._first:  # Xids already in the log belong in the first scrape
             self.tracker.caught_up.wait(self.ctx.config.collector_timeout_seconds / 2)
             self._first = False
         snap = self.tracker.snapshot()
@@ -94,7 +94,7 @@ class XidCollector(Collector):
         failures.add((), snap.reader_failures)
         yield failures
         if snap.reader_error is not None:  # the counts above stand, but no longer grow
-            raise RuntimeError(f"XID reader down: {snap.reader_error}")
+            raise RuntimeError(f"Xid reader down: {snap.reader_error}")
 
     def close(self) -> None:
         self.tracker.close()

@@ -40,7 +40,7 @@ def build(b: Board) -> None:
             f"max(1.4826 MAD, floor). Beyond {pre['score_threshold']} on {pre['min_signals']} signals for "
             f"{duration(pre['continuity'])} fires GpuNodePrecursorMultiSignal ("
             "the Lablup B200 operations report: failing nodes departed "
-            "from their ~59 peers before the XID).", "short",
+            "from their ~59 peers before the Xid).", "short",
             [Query(f"max by ({node}) (abs({score}))", by_node)], needs=(PEERS,))
     b.panel(table_panel(), "Largest precursor scores now",
             f"The {TOP * 2} node and signal pairs farthest from their peers now; beyond +-{pre['score_threshold']} "
@@ -50,23 +50,23 @@ def build(b: Board) -> None:
             [Query(f"topk({TOP * 2}, abs({score}))")], instant=True, needs=(PEERS,))
     ratio = b.rec("gpunode:failslow_proxy:ratio_to_peers")
     b.panel(heatmap_panel(), "Fail-slow: throughput against the peer median (lowest proxy)",
-            "Per node, its lowest throughput proxy (slowest GPU's utilisation, power, SM clock, NVLink; NIC and "
+            "Per node, its lowest throughput proxy (slowest GPU's utilization, power, SM clock, NVLink; NIC and "
             f"RDMA bytes) divided by the peer median. Below {1 - fs['fraction']:.2f} on {fs['min_proxies']} "
             f"proxies for {duration(fs['for'])} while the peers train fires GpuNodeFailSlow ("
             "the Lablup B200 operations report: "
             "fail-slow nodes are 3-15 % slower; Minder).", "percentunit",
             [Query(f"min by ({node}) ({ratio})", by_node)], needs=(FAILSLOW_PEERS, FAILSLOW_INPUT))
 
-    b.row("XID errors")
+    b.row("Xid errors")
     xids = b.q("gpunode_xid_errors_total")
-    b.panel(time_series(), "XIDs by NVIDIA's action",
-            "XID events logged in the interval, summed by NVIDIA's immediate action (docs/xid-catalog.md): "
+    b.panel(time_series(), "Xids by NVIDIA's action",
+            "Xid events logged in the interval, summed by NVIDIA's immediate action (docs/xid-catalog.md): "
             "GpuXidHardwareFault for the actions that take a GPU out of service, GpuXidApplicationFault for "
-            "RESTART_APP. increase() misses the first XID of a new series (a GPU's first XID of a code): the "
+            "RESTART_APP. increase() misses the first Xid of a new series (a GPU's first Xid of a code): the "
             "table beside it lists those too.", "short",
             [Query(f"sum by (action) (increase({xids}[$__rate_interval]))", "{{action}}")])
-    b.panel(table_panel(), "Latest XID per node, GPU and code",
-            f"When each node's GPUs last logged each XID code (the kernel log's time), the {TOP * 5} latest.",
+    b.panel(table_panel(), "Latest Xid per node, GPU and code",
+            f"When each node's GPUs last logged each Xid code (the kernel log's time), the {TOP * 5} latest.",
             "dateTimeAsIso", [Query(f"topk({TOP * 5}, {b.q('gpunode_xid_last_event_timestamp_seconds')} * 1000)")],
             instant=True)
 
@@ -147,4 +147,4 @@ def build(b: Board) -> None:
 
 def describe(_spec: dict[str, Any]) -> tuple[str, str, str]:
     return ("gpunode-cluster", "GPU nodes: cluster",
-            "Which GPU nodes to look at: alerts, peer deviations, XIDs, remaps, NFS slots, checkpoint cost.")
+            "Which GPU nodes to look at: alerts, peer deviations, Xids, remaps, NFS slots, checkpoint cost.")

@@ -1,4 +1,4 @@
-"""The node dashboard: one node's alerts, GPUs, XIDs, checkpoint data path (in the
+"""The node dashboard: one node's alerts, GPUs, Xids, checkpoint data path (in the
 order the Lablup B200 operations report traced it), NFS operations, storage network and checkpoints."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def build(b: Board) -> None:
 
     b.row("GPUs")
     b.panel(time_series(), "Remapped rows per GPU",
-            "Rows each GPU remapped to spare rows, by cause. Uncorrectable steps come with XID 94/95 (gpu122; "
+            "Rows each GPU remapped to spare rows, by cause. Uncorrectable steps come with Xid 94/95 (gpu122; "
             "GpuRowRemapUncorrectableIncrease); correctable ones accelerating precede a lost GPU (gpu124; "
             "GpuRowRemapCorrectableAcceleration).", "short",
             [Query(b.q("gpunode_gpu_remapped_rows_total"), "GPU {{gpu}} {{cause}}")])
@@ -54,27 +54,27 @@ def build(b: Board) -> None:
              Query(b.q("gpunode_gpu_recovery_action"), "recovery GPU {{gpu}}")])
     b.panel(time_series(), "PCIe link against its maximum",
             "Each GPU's current PCIe link width and generation against their maximum. Narrower (or, while "
-            "busy, slower) for long fires GpuPcieLinkDegraded: no XID is logged, host transfers slow down "
+            "busy, slower) for long fires GpuPcieLinkDegraded: no Xid is logged, host transfers slow down "
             "(Minder's PCIe downgrade). An idle GPU may lower its generation to save power.", "short",
             [Query(b.q("gpunode_gpu_pcie_link_width"), "width GPU {{gpu}} {{kind}}"),
              Query(b.q("gpunode_gpu_pcie_link_generation"), "generation GPU {{gpu}} {{kind}}")])
 
-    b.row("XID errors")
-    b.panel(time_series(), "XID events per GPU and code",
-            "XIDs logged in the interval per GPU and code, with NVIDIA's action (GpuXidHardwareFault, "
-            "GpuXidApplicationFault). increase() misses the first XID of a new series: the table lists every "
+    b.row("Xid errors")
+    b.panel(time_series(), "Xid events per GPU and code",
+            "Xids logged in the interval per GPU and code, with NVIDIA's action (GpuXidHardwareFault, "
+            "GpuXidApplicationFault). increase() misses the first Xid of a new series: the table lists every "
             "code seen.", "short",
             [Query(f"sum by (gpu, xid, action) (increase({b.q('gpunode_xid_errors_total')}[$__rate_interval]))",
                    "GPU {{gpu}} Xid {{xid}} {{action}}")])
-    b.panel(table_panel(), "XIDs since boot, with the last time each was logged",
-            "Every GPU and XID code logged since the node booted (counts survive exporter restarts), and when "
+    b.panel(table_panel(), "Xids since boot, with the last time each was logged",
+            "Every GPU and Xid code logged since the node booted (counts survive exporter restarts), and when "
             "it was last logged.", "short",
             [Query(b.q("gpunode_xid_errors_total")),
              Query(f"{b.q('gpunode_xid_last_event_timestamp_seconds')} * 1000", unit="dateTimeAsIso")], instant=True)
 
     b.row("Checkpoint data path, in the order a save flows (Lablup B200 operations report)")
-    b.panel(time_series(), "1. GPU utilisation",
-            "dcgm-exporter's utilisation per GPU: it dips while a save copies tensors out, and stays low while "
+    b.panel(time_series(), "1. GPU utilization",
+            "dcgm-exporter's utilization per GPU: it dips while a save copies tensors out, and stays low while "
             "a restart loads (the load phase needs it).", "percent",
             [Query(b.q("DCGM_FI_DEV_GPU_UTIL"), f"GPU {{{{{spec['labels']['dcgm_gpu']}}}}}")], width=8)
     b.panel(time_series(), "2. Staging used",
@@ -136,9 +136,9 @@ def build(b: Board) -> None:
             "node to stop; tx, this node asks it (Minder: PFC Tx was the most sensitive signal).", "pps",
             [Query(rate("gpunode_network_pfc_pause_frames_total"), "{{device}} {{direction}} prio {{priority}}")],
             width=8, needs=(PFC,))
-    b.panel(time_series(), "Storage link utilisation",
+    b.panel(time_series(), "Storage link utilization",
             "Bytes per second through each storage interface (kernel and RDMA counters) over its link speed. "
-            "Slot wait dominating at a low utilisation is NfsBandwidthParadox ("
+            "Slot wait dominating at a low utilization is NfsBandwidthParadox ("
             "the Lablup B200 operations report: 1.4 % during saves).",
             "percentunit", [Query(b.rec("gpunode:storage_link_utilization:"), "{{device}}")], width=8)
 
@@ -165,5 +165,5 @@ def build(b: Board) -> None:
 
 def describe(_spec: dict[str, Any]) -> tuple[str, str, str]:
     return ("gpunode-node", "GPU nodes: node",
-            "One GPU node: alerts, GPU memory health, XIDs, the checkpoint data path, NFS, the storage network "
+            "One GPU node: alerts, GPU memory health, Xids, the checkpoint data path, NFS, the storage network "
             "and checkpoints.")

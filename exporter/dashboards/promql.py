@@ -116,7 +116,7 @@ class Lineage:
         if name not in self.records:
             raise ValueError(f"{name}: not a recording rule of the rule pack rendered from this spec")
         if name not in self._memo:
-            # A rule may read its own past (an XID episode's start): iterate from "reads
+            # A rule may read its own past (an Xid episode's start): iterate from "reads
             # nothing, needs everything" until its reads stop changing.
             self._memo[name] = Reads(frozenset(), frozenset(EXPORTERS))
             while True:

@@ -229,7 +229,7 @@ class SimulatedNVML:
     def _nvmlDeviceGetMaxPcieLinkWidth(self, t: float, h: int | None, out: int | None) -> None:  # noqa: N802
         self._pcie("nvmlDeviceGetMaxPcieLinkWidth", t, h, out, lambda g: g.pcie_width[1])
 
-    # --- events (XID) ---------------------------------------------------------
+    # --- events (Xid) ---------------------------------------------------------
 
     def _nvmlDeviceGetSupportedEventTypes(self, t: float, handle: int | None, out: int | None) -> None:  # noqa: N802
         self._gpu(handle, "nvmlDeviceGetSupportedEventTypes", t)
@@ -259,7 +259,7 @@ class SimulatedNVML:
 
     def _nvmlEventSetWait_v2(self, t: float, event_set: int | None, out: int | None,  # noqa: N802
                              timeout_ms: int) -> None:
-        """Returns the oldest undelivered event (XID, recovery action) whose time has come; waits (real
+        """Returns the oldest undelivered event (Xid, recovery action) whose time has come; waits (real
         time) up to timeout_ms."""
         es = self._event_set(event_set)
         data = _EventData.from_address(_pointer(out))

@@ -1,1 +1,1 @@
-"""XID events: the kernel log's NVRM Xid records and NVML's XID events."""
+"""Xid events: the kernel log's NVRM Xid records and NVML's Xid events."""

@@ -3,7 +3,7 @@
 Why a packaged table: an Xid code alone says little to whoever is paged; NVIDIA's catalog
 ("Analyzing Xid Errors with the Xid Catalog") gives each code a resolution bucket for the
 immediate action (RESTART_APP, RESET_GPU, RESTART_BM, ...), which the exporter attaches to
-its XID series so alerts can route on it. catalog.csv is derived from NVIDIA's table by
+its Xid series so alerts can route on it. catalog.csv is derived from NVIDIA's table by
 scripts/xid_catalog.py and never edited by hand (docs/xid-catalog.md); this module only
 reads and checks it. A code missing from it, or one NVIDIA gives no bucket, answers UNKNOWN.
 """

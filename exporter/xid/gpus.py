@@ -3,7 +3,7 @@
 Without NVML, the index is the GPU's place in PCI bus order (NVML's default
 enumeration order) and the UUID comes from the driver's
 /proc/driver/nvidia/gpus/<bus id>/information, which exists whenever the
-driver that logged the XID is loaded.
+driver that logged the Xid is loaded.
 """
 
 from __future__ import annotations

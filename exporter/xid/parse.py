@@ -44,8 +44,8 @@ class XidEvent:
 
 
 def xid_in_record(record: Record) -> XidEvent | None:
-    """The XID a kernel log record reports, or None. Only the kernel's own records count: user
-    space writing to /dev/kmsg gets another facility, so it cannot fake an XID."""
+    """The Xid a kernel log record reports, or None. Only the kernel's own records count: user
+    space writing to /dev/kmsg gets another facility, so it cannot fake an Xid."""
     if record.facility != FACILITY_KERNEL or b"NVRM: Xid" not in record.text:
         return None  # the cheap test first: most records are other subsystems'
     return parse_xid(unescape(record.text))

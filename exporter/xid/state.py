@@ -1,4 +1,4 @@
-"""What the XID counters have counted in this boot, kept on disk so a restart continues them.
+"""What the Xid counters have counted in this boot, kept on disk so a restart continues them.
 
 The file is keyed by the boot id: within one boot a restarted exporter resumes
 after the last kernel record it handled; after a reboot the counters start

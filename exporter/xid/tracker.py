@@ -1,15 +1,15 @@
-"""Counts XID events as they happen, in a thread of its own, exactly once across restarts.
+"""Counts Xid events as they happen, in a thread of its own, exactly once across restarts.
 
 The source is the kernel log (/dev/kmsg) when it can be read; otherwise NVML's
-XID events. Only one source counts: NVML's events carry no time or sequence
-number to match against the log, so counting both would count most XIDs twice.
+Xid events. Only one source counts: NVML's events carry no time or sequence
+number to match against the log, so counting both would count most Xids twice.
 Once on NVML, the tracker stays there until it restarts. Every kernel record's
 sequence number is tracked: a jump (the reader fell behind and the kernel
 overwrote records, or the exporter was down) is added to the lost count, so a
-missed XID is never silent.
+missed Xid is never silent.
 
 Exactness across restarts: the state (counts, the last record handled) is saved
-atomically and together, at most every SAVE_INTERVAL while XIDs arrive (and on
+atomically and together, at most every SAVE_INTERVAL while Xids arrive (and on
 close). A crash before a save loses nothing: the records after the saved
 sequence number are read again from the ring buffer and counted then.
 """
@@ -43,7 +43,7 @@ from exporter.xid.parse import xid_in_record
 log = logging.getLogger(__name__)
 
 READER_BACKOFF, READER_BACKOFF_MAX = 1.0, 60.0  # seconds before a failed reader starts again
-SAVE_INTERVAL = 0.5  # seconds between saves while XIDs are being counted
+SAVE_INTERVAL = 0.5  # seconds between saves while Xids are being counted
 IDLE_SAVE_INTERVAL = 5.0  # ... while only the record position moves
 MAX_KEYS = 4096  # (bus id, xid) pairs kept; a flood of odd bus ids must not grow memory
 _NVML_EVENTS = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeGpuRecoveryAction
@@ -88,7 +88,7 @@ class XidTracker:
         boot_id = _boot_id(procfs)
         self.state = statefile.State(boot_id)
         if state_dir is not None and not boot_id:
-            self._problem("load", f"no boot id in {procfs}/sys/kernel/random/boot_id: XID counts "
+            self._problem("load", f"no boot id in {procfs}/sys/kernel/random/boot_id: Xid counts "
                           "are not kept across restarts")
         elif state_dir is not None:
             if persist:
@@ -120,13 +120,13 @@ class XidTracker:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             lock = open(fd, "r+b")  # noqa: SIM115 - held for the process's life
         except OSError as err:
-            self._problem("lock", f"cannot use {state_dir} ({err}); XID counts will not be saved")
+            self._problem("lock", f"cannot use {state_dir} ({err}); Xid counts will not be saved")
             return None
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             lock.close()
-            self._problem("lock", f"another exporter holds {state_dir}; XID counts will not be saved")
+            self._problem("lock", f"another exporter holds {state_dir}; Xid counts will not be saved")
             return None
         return lock
 
@@ -151,18 +151,18 @@ class XidTracker:
                     self.reader_failures += 1
                     self.reader_error = f"{type(err).__name__}: {err}"
                     self.source = None
-                log.exception("XID reader failed; starting it again in %.0f s", backoff)
+                log.exception("Xid reader failed; starting it again in %.0f s", backoff)
                 self._stop.wait(backoff)
 
     def _run(self) -> None:
-        # XIDs counted from NVML events have no log position: counting the ring buffer from
+        # Xids counted from NVML events have no log position: counting the ring buffer from
         # its start (or from the last record read before the switch) would count them again,
         # so only new records are read.
         from_end = self.state.source == "nvml" and bool(self.state.counts)
         try:
             reader = KmsgReader(self._kmsg, from_end=from_end)
         except OSError as err:
-            log.warning("cannot read %s (%s): counting XIDs from NVML events instead", self._kmsg, err.strerror)
+            log.warning("cannot read %s (%s): counting Xids from NVML events instead", self._kmsg, err.strerror)
             self._run_nvml()
             return
         with self._lock:
@@ -176,7 +176,7 @@ class XidTracker:
                 try:
                     raws = reader.read()
                 except OSError as err:
-                    log.error("reading %s failed (%s): counting XIDs from NVML events instead", self._kmsg, err)
+                    log.error("reading %s failed (%s): counting Xids from NVML events instead", self._kmsg, err)
                     break
                 if raws:
                     overlong, reader.overlong = reader.overlong, 0
