@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.numbers import U32_MAX, KernelNumberError, u64
+from exporter.numbers import U32_MAX, U64_MAX, KernelNumberError
 
 # A kernel record is at most 8 KiB with its dictionary (CONSOLE_EXT_LOG_MAX); a
 # read with a smaller buffer fails with EINVAL.
@@ -47,10 +47,14 @@ def parse_record(raw: bytes) -> Record:
     fields = head.split(b",", 4)
     if not sep or len(fields) < 4:
         raise ValueError("not a kmsg record: want prio,seq,usec,flags;text")
-    # printk's devkmsg_read prints "%u,%llu,%llu": anything else is no kernel record.
-    prio, seq, usec = u64(fields[0]), u64(fields[1]), u64(fields[2])
-    if prio > U32_MAX:
-        raise KernelNumberError(f"kmsg prio {prio} past 2**32 - 1")
+    # printk's devkmsg_read prints "%u,%llu,%llu": anything else is no kernel record. Inline
+    # rather than numbers.u64() (the reader's hot loop); bytes.isdigit() is ASCII digits only.
+    p, s, u = fields[0], fields[1], fields[2]
+    if not (p.isdigit() and s.isdigit() and u.isdigit() and len(p) <= 10 and len(s) <= 20 and len(u) <= 20):
+        raise KernelNumberError("not a kmsg record: prio, seq or usec is no kernel number")
+    prio, seq, usec = int(p), int(s), int(u)
+    if prio > U32_MAX or seq > U64_MAX or usec > U64_MAX:
+        raise KernelNumberError("not a kmsg record: prio, seq or usec past its type")
     line_end = body.find(b"\n")
     return Record(prio >> 3, prio & 7, seq, usec, body if line_end < 0 else body[:line_end])
 
