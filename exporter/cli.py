@@ -16,11 +16,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
-from exporter import __version__, config, dashboards, nvmlsim, rulepack, webconfig
+from exporter import __version__, config, webconfig
 from exporter.collector import COLLECTORS, Collector, Context
 from exporter.exposition import Renderer
 from exporter.http import make_handler, make_server, parse_listen_address
 from exporter.netroute import CachedLookup, route_device
+from exporter.rulepack import TARGETS
 from exporter.scrape import Scraper
 
 PROG = "gpunode-exporter"
@@ -99,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   "with your overrides merged over it.")
     render.add_argument("--spec", type=Path, metavar="FILE",
                         help="YAML overriding keys of the shipped spec (see rules/spec.yaml)")
-    render.add_argument("--target", choices=rulepack.TARGETS, default="prometheus",
+    render.add_argument("--target", choices=TARGETS, default="prometheus",
                         help="prometheus, or vmalert (leaves out what vmalert 1.79 rejects) (default: prometheus)")
     render.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
                         help="directory to write the rule files to (default: .)")
@@ -143,11 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config.load(args.config_file)
         web = webconfig.load(args.web_config) if args.command == "serve" else None
-        scenario = nvmlsim.load(args.nvml_simulate) if args.nvml_simulate else None
+        scenario = None
+        if args.nvml_simulate:
+            from exporter import nvmlsim  # a node that serves real GPUs never loads it
+
+            scenario = nvmlsim.load(args.nvml_simulate)
     except config.ConfigError as err:
         parser.error(str(err))
     if scenario is not None:
-        nvmlsim.install(scenario)
+        nvmlsim.install(scenario)  # imported above
         logging.getLogger(PROG).warning("NVML is SIMULATED from %s: GPU metrics are not real", args.nvml_simulate)
     renderer = Renderer()
 
@@ -190,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _render(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """`rules render` and `dashboards render`: files from the spec, written to --out."""
+    # Here, not at the top: `serve` needs neither jinja2 nor Grafana's SDK (memory, start time).
+    from exporter import dashboards, rulepack
     try:
         spec = rulepack.load_spec(args.spec)
         files = rulepack.render(spec, args.target) if args.command == "rules" else dashboards.files(spec)

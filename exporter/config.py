@@ -8,8 +8,6 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
-import yaml
-
 from exporter.workload import SOURCES
 
 T = TypeVar("T")
@@ -131,6 +129,8 @@ def _build(cls: type, data: Any, where: str) -> Any:
 
 def load_yaml(path: Path, build: Callable[[Any], T]) -> T:
     """Read a YAML file and build from it; every error names the file, on one line."""
+    import yaml  # only with a config file: `serve` without one never loads it
+
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as err:

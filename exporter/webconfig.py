@@ -14,8 +14,6 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import bcrypt
-
 from exporter.config import ConfigError, load_yaml
 
 _TLS_VERSIONS = {
@@ -37,6 +35,8 @@ _UNSUPPORTED_TLS_KEYS = {"cert", "key", "client_ca", "cipher_suites", "curve_pre
 def _dummy_hash(cost: int) -> bytes:
     """Checked for unknown users at the users' own cost, so an unknown name takes as long to
     refuse as a known one: the time tells nothing of which names exist."""
+    import bcrypt  # only with basic-auth users configured
+
     return bcrypt.hashpw(b"unknown-user", bcrypt.gensalt(cost))
 
 
@@ -68,6 +68,8 @@ class WebConfig:
         hashed = self.users.get(user)
         try:
             dummy = _dummy_hash(max(map(_cost, self.users.values())))
+            import bcrypt  # only with basic-auth users configured
+
             ok = bcrypt.checkpw(password.encode(), hashed or dummy) and hashed is not None
         except ValueError:
             ok = False

@@ -31,6 +31,14 @@ def test_help_names_every_command() -> None:
     assert out.returncode == 0 and all(f"`{c}`" in text for c in ("dump", "rules render", "dashboards render"))
 
 
+def test_serve_loads_no_template_dashboard_yaml_or_bcrypt_code() -> None:
+    # Memory and start time on every node: those are for `rules`, `dashboards`, config files and basic auth.
+    code = ("import sys, exporter.cli; print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'jinja2', 'yaml', 'bcrypt', 'grafana_foundation_sdk', 'promql_parser'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 def test_dump_prints_the_exposition() -> None:
     out = run("dump", "--path.procfs", str(EDGE))
     assert out.returncode == 0

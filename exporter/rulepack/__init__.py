@@ -11,18 +11,20 @@ from __future__ import annotations
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any
-
-import jinja2
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from exporter.config import ConfigError, load_yaml
+
+if TYPE_CHECKING:
+    import jinja2
 
 TARGETS = ("prometheus", "vmalert")
 _PACKAGE = resources.files(__package__)
 
 
 def shipped_spec() -> dict[str, Any]:
+    import yaml  # importing this package for TARGETS must stay cheap (`serve`)
+
     return yaml.safe_load(_PACKAGE.joinpath("spec.yaml").read_text())
 
 
@@ -82,6 +84,8 @@ def selector(spec: dict[str, Any], metric: str, source: str, *matchers: str) -> 
 
 
 def _environment(spec: dict[str, Any], target: str) -> jinja2.Environment:
+    import jinja2  # importing this package for TARGETS must stay cheap (`serve`)
+
     env = jinja2.Environment(
         loader=jinja2.FunctionLoader(lambda name: _PACKAGE.joinpath("templates", name).read_text()),
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
