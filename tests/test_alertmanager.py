@@ -32,6 +32,12 @@ def test_amtool_check_config() -> None:
 @pytest.mark.parametrize(("labels", "receivers"), [
     ({"severity": "critical", "action": "RESTART_BM", "alertname": "GpuXidHardwareFault"}, "node-automation,pager"),
     ({"severity": "critical", "alertname": "GpuRowRemapFailure"}, "pager"),
+    # The driver's recovery actions 5-7 (Xid 154): a bus reset and a reboot are automatable, the
+    # IMEX domain spans nodes and goes to people.
+    ({"severity": "critical", "action": "BUS_RESET", "alertname": "GpuRecoveryActionRequired"}, "node-automation,pager"),
+    ({"severity": "critical", "action": "SYSTEM_REBOOT", "alertname": "GpuRecoveryActionRequired"},
+     "node-automation,pager"),
+    ({"severity": "critical", "action": "RECOVER_IMEX_DOMAIN", "alertname": "GpuRecoveryActionRequired"}, "pager"),
     ({"severity": "warning", "action": "RESTART_APP", "alertname": "GpuXidApplicationFault"}, "node-automation,chat"),
     ({"severity": "warning", "alertname": "NfsSlotWaitDominates"}, "chat"),
     ({"severity": "info", "alertname": "CheckpointIntervalTooLong"}, "tickets"),

@@ -23,7 +23,8 @@ XID_LAST = MetricSpec("gpunode_xid_last_event_timestamp_seconds", "gauge",
                       "this: unlike increase(), it sees the first Xid of a new series.", (*_GPU, "xid", "action"))
 RECOVERY = MetricSpec("gpunode_gpu_recovery_action", "gauge",
                       "What the driver says the GPU needs (Xid 154, NVML): 0 none, 1 GPU reset, "
-                      "2 node reboot, 3 drain P2P, 4 drain and reset.", _GPU)
+                      "2 node reboot, 3 drain P2P, 4 drain and reset, 5 recover the IMEX domain, 6 bus reset, "
+                      "7 system reboot.", _GPU)
 LOST = MetricSpec("gpunode_kmsg_records_lost_total", "counter",
                   "Kernel log records overwritten before they were read (the reader fell behind, or "
                   "the exporter was not running): Xids among them were not counted.")

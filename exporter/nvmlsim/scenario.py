@@ -145,7 +145,7 @@ class XidEvent:
 @dataclass(frozen=True)
 class RecoveryActionEvent:
     at: float
-    action: int  # nvmlDeviceGpuRecoveryAction_t: 0 none ... 4 drain and reset
+    action: int  # nvmlDeviceGpuRecoveryAction_t: 0 none ... 7 system reboot
 
 
 @dataclass(frozen=True)
@@ -254,8 +254,8 @@ def _gpu(data: Any, where: str, known_functions: frozenset[str], index: int) -> 
         w = f"{where}.recovery_actions[{n}]"
         item = _keys(item, w, {"at", "action"}, set())
         action = _count(item["action"], w)
-        if action > 4:
-            raise ConfigError(f"{w}.action: want 0 (none) .. 4 (drain and reset), got {action}")
+        if action > 7:
+            raise ConfigError(f"{w}.action: want 0 (none) .. 7 (system reboot), got {action}")
         actions.append(RecoveryActionEvent(seconds(item["at"], f"{w}.at"), action))
     banks = _count(data.get("banks", 2560), f"{where}.banks")
     histogram = tl(data["histogram"], "histogram", _histogram) if "histogram" in data else None
