@@ -34,7 +34,8 @@ def test_amtool_check_config() -> None:
     ({"severity": "critical", "alertname": "GpuRowRemapFailure"}, "pager"),
     # The driver's recovery actions 5-7 (Xid 154): a bus reset and a reboot are automatable, the
     # IMEX domain spans nodes and goes to people.
-    ({"severity": "critical", "action": "BUS_RESET", "alertname": "GpuRecoveryActionRequired"}, "node-automation,pager"),
+    ({"severity": "critical", "action": "BUS_RESET", "alertname": "GpuRecoveryActionRequired"},
+     "node-automation,pager"),
     ({"severity": "critical", "action": "SYSTEM_REBOOT", "alertname": "GpuRecoveryActionRequired"},
      "node-automation,pager"),
     ({"severity": "critical", "action": "RECOVER_IMEX_DOMAIN", "alertname": "GpuRecoveryActionRequired"}, "pager"),

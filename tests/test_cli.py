@@ -42,8 +42,9 @@ def test_serve_loads_no_template_dashboard_yaml_or_bcrypt_code() -> None:
 def test_rules_render_warns_while_runbooks_point_at_the_placeholder(tmp_path: Path) -> None:
     def render(spec: str) -> str:
         (tmp_path / "spec.yaml").write_text(spec)
-        out = subprocess.run([sys.executable, "-m", "exporter", "rules", "render", "--spec", str(tmp_path / "spec.yaml"),
-                              "--out", str(tmp_path / "rules")], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        out = subprocess.run([sys.executable, "-m", "exporter", "rules", "render", "--spec",
+                              str(tmp_path / "spec.yaml"), "--out", str(tmp_path / "rules")],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert out.returncode == 0, out.stderr
         return out.stderr
 

@@ -46,7 +46,8 @@ def build(b: Board) -> None:
     b.panel(state_timeline(), "GPU up, remap pending, remap failed, recovery action",
             "Per GPU: up (0 = lost: GPU_IS_LOST or config space all-ones; GpuDown), a remap pending the next "
             "reset (GpuRowRemapPending), a failed remap (replace the GPU; GpuRowRemapFailure), and the recovery "
-            "action the driver asks for (Xid 154: 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset, 5 recover the IMEX domain, 6 bus reset, 7 system reboot; "
+            "action the driver asks for (Xid 154: 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset, "
+            "5 recover the IMEX domain, 6 bus reset, 7 system reboot; "
             "GpuRecoveryActionRequired).", "short",
             [Query(b.q("gpunode_gpu_up"), "up GPU {{gpu}}"),
              Query(b.q("gpunode_gpu_row_remap_pending"), "pending GPU {{gpu}}"),
