@@ -43,6 +43,6 @@ dashboards:  # regenerate dashboards/ from the code in exporter/dashboards and t
 	.venv/bin/gpunode-exporter dashboards render --out dashboards
 	$(PY) -m exporter.dashboards.doc docs/dashboards.md
 
-fleet:  # detection quality: simulate the standard, Lablup-shaped and mixed fleets, replay the rule pack on Prometheus and VictoriaMetrics, write docs/fleet-results.md (~1 h)
+fleet:  # detection quality: simulate the standard, Lablup-shaped and mixed fleets, replay the rule pack on Prometheus and VictoriaMetrics, write docs/fleet-results.md (~1.5 h on 2 CPUs, most of it the Prometheus replays)
 	scripts/install-deps.sh --test
 	$(PY) -m fleet --scenario standard --scenario lablup --scenario mixed --out docs/fleet-results.md
