@@ -710,11 +710,11 @@ def tables(r: dict[str, Any]) -> Iterator[str]:
 
 
 def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's target is the first row; the others hold the same bar to harder states."""
+    """The target is the first row; the others hold the same bar to harder states."""
     p = r["in_process"]
     out = []
     for key, what, value in (
-            ("steady_settled", "steady state (the issue's target)", p["steady_settled"]["p99_ms"]),
+            ("steady_settled", "steady state (the target)", p["steady_settled"]["p99_ms"]),
             ("steady_settled_churn", f"steady state, {r['churn']} processes exit and start per scrape",
              p["steady_settled_churn"]["p99_ms"]),
             ("steady_young", "steady state, every process younger than rescan_young_seconds",

@@ -83,7 +83,7 @@ PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
 VICTORIA = "/usr/bin/victoria-metrics"
 VMALERT = "/usr/bin/vmalert"
-TARGET_SECONDS = 1.0  # the target: every group under 1 s per evaluation
+TARGET_SECONDS = 1.0  # the target: every group under 1 s per evaluation
 POLL_SECONDS = 5.0
 TAU = 2 * math.pi
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/xid.py [--records 1000000] [--repetitions 5] [--events 1000]
                                        [--flood-seconds 60] [--flood-rate 50000]
 
-The three targets of the Xid issue, each beside a peer in the same run:
+The three targets of the Xid collector, each beside a peer in the same run:
 
 1. Parse throughput (target >= 200,000 records/s): ~1,000,000 records cycling
    the real kernel records of tests/fixtures/kmsg/real-other.kmsg (seq
