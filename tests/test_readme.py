@@ -19,3 +19,14 @@ def test_every_metric_is_documented() -> None:
     text = README.read_text()
     for line in docs.metrics_table().splitlines()[2:]:
         assert line in text
+
+
+def test_the_process_metrics_served_are_documented() -> None:
+    # `serve` adds prometheus_client's ProcessCollector (exporter/cli.py); the README names each series.
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.process_collector import ProcessCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry)
+    names = {sample.name for family in registry.collect() for sample in family.samples}
+    assert names and all(f"`{name}`" in README.read_text() for name in names), names
