@@ -56,6 +56,10 @@ class WebConfig:
     _verified: dict[tuple[str, bytes], bool] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def dummy_hash(self) -> bytes:
+        """What an unknown user's password is checked against: a hash at the users' own cost."""
+        return _dummy_hash(max(map(_cost, self.users.values())))
+
     def authorized(self, user: str, password: str) -> bool:
         """bcrypt is slow by design: remember each (user, password digest) outcome."""
         if not self.users:
@@ -67,10 +71,9 @@ class WebConfig:
             return cached
         hashed = self.users.get(user)
         try:
-            dummy = _dummy_hash(max(map(_cost, self.users.values())))
             import bcrypt  # only with basic-auth users configured
 
-            ok = bcrypt.checkpw(password.encode(), hashed or dummy) and hashed is not None
+            ok = bcrypt.checkpw(password.encode(), hashed or self.dummy_hash()) and hashed is not None
         except ValueError:
             ok = False
         with self._lock:
@@ -165,7 +168,7 @@ def _parse(data: object, base: Path) -> WebConfig:
             raise ConfigError(f"basic_auth_users.{user}: {err}") from None
         web.users[str(user)] = hashed
     if web.users:
-        _dummy_hash(max(map(_cost, web.users.values())))  # made now, not on the first unknown user
+        web.dummy_hash()  # made now, not on the first unknown user
     http = _mapping(data.get("http_server_config"), "http_server_config")
     _check_keys(http, {"headers", "http2"}, "http_server_config")
     headers = _mapping(http.get("headers"), "http_server_config.headers")
