@@ -131,12 +131,16 @@ def _context(args: argparse.Namespace, cfg: config.Config) -> Context:
                    state_dir=args.state_dir, persist_state=args.command == "serve")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parse_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The command line as main() reads it: without a command, `serve`."""
     if not argv or (argv[0] not in COMMANDS and argv[0] != "--version"):
-        argv.insert(0, "serve")
+        argv = ["serve", *argv]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    return parser, parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, args = parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.command in ("rules", "dashboards"):
         return _render(args, parser)
     logging.basicConfig(level=args.log_level.upper().replace("WARN", "WARNING"), stream=sys.stderr,

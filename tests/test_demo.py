@@ -1,4 +1,4 @@
-"""End to end: the demo's stack, headless, with a faulty and a healthy node side by side.
+"""End to end: the demo's stack, headless, with a faulty node and four healthy ones side by side.
 
 Real processes throughout: the exporter on simulated nodes, Debian's node_exporter,
 Prometheus with the rule pack (demo/spec.yaml), Alertmanager with the example config, and
@@ -28,6 +28,17 @@ from tests.netns import netns_unavailable
 BOUND_SECONDS = 240
 
 
+# Four healthy peers: the peer scores need precursor.min_peers (5) nodes in a group.
+NODES = ("faulty", "healthy", "healthy", "healthy", "healthy")
+
+
+def test_the_demo_doc_counts_the_nodes_this_test_runs() -> None:
+    healthy = ("no", "one", "two", "three", "four", "five", "six")[NODES.count("healthy")]
+    text = (Path(__file__).parent.parent / "docs" / "demo.md").read_text()
+    assert f"one `faulty` and {healthy} `healthy` nodes" in text
+    assert f"`faulty` beside {healthy} `healthy` nodes" in text
+
+
 @pytest.fixture(scope="module")
 def demo_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     if reason := netns_unavailable():
@@ -35,8 +46,7 @@ def demo_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     if tools := missing_tools():
         pytest.skip(f"not installed: {', '.join(tools)} (scripts/install-deps.sh --test installs them)")
     workdir: Path = tmp_path_factory.mktemp("demo")
-    # Four healthy peers: the peer scores need precursor.min_peers (5) nodes in a group.
-    nodes = [scenarios.load(name, workdir) for name in ("faulty", "healthy", "healthy", "healthy", "healthy")]
+    nodes = [scenarios.load(name, workdir) for name in NODES]
     ports = Ports(prometheus=free_port(), alertmanager=free_port(), webhook=free_port())
     with Stack(nodes, workdir, ports) as running:
         deadline = time.monotonic() + BOUND_SECONDS

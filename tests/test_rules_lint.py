@@ -109,3 +109,40 @@ def test_external_list_names_only_other_exporters() -> None:
     for name in _external():
         assert not name.startswith("gpunode"), f"{name} is ours: it belongs in the golden outputs"
         assert name not in ours
+
+
+# The prefixes each rule file's alerts may use (docs/rules.md, "Alert names"); a per-GPU prefix
+# (Gpu but not GpuNode) is checked against the labels its promtool cases expect.
+PREFIXES = {
+    "xid": ("GpuXid", "GpuRecoveryAction"),
+    "remap": ("GpuRowRemap",),
+    "gpu": ("Gpu",),
+    "precursor": ("GpuNode",),
+    "failslow": ("GpuNode",),
+    "exporter": ("GpuNode",),
+    "nfs": ("Nfs",),
+    "checkpoint": ("Checkpoint",),
+}
+
+
+def test_alert_names_follow_the_prefix_scheme() -> None:
+    for path in sorted((RULES / "prometheus").glob("*.rules.yml")):
+        area = path.name.split(".")[0]
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                if "alert" in rule:
+                    assert rule["alert"].startswith(PREFIXES[area]), f"{path.name}: {rule['alert']}"
+
+
+def test_node_alerts_name_no_gpu_and_gpu_alerts_do() -> None:
+    expected: dict[str, set[bool]] = {}
+    for path in (ROOT / "tests" / "rules").glob("*.test.yml"):
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test") or []:
+                for alert in check.get("exp_alerts") or []:
+                    expected.setdefault(check["alertname"], set()).add("gpu" in alert.get("exp_labels", {}))
+    for name, has_gpu in expected.items():
+        if name.startswith("GpuNode"):
+            assert has_gpu == {False}, f"{name} is about a node but names a GPU"
+        elif name.startswith("Gpu") and name != "GpuXidRepeatedHardwareFaults":  # that one counts the node's
+            assert has_gpu == {True}, f"{name} is about one GPU but does not name it"
