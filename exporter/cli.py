@@ -26,7 +26,7 @@ from exporter.scrape import Scraper
 
 PROG = "gpunode-exporter"
 DEFAULT_LISTEN = ":19835"
-COMMANDS = ("serve", "dump", "rules", "dashboards")
+COMMANDS = ("serve", "dump", "doctor", "rules", "dashboards")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = sub.add_parser("serve", help="serve metrics over HTTP (the default)",
                            description="Serve metrics over HTTP (the default command). Other commands: "
-                           "`dump` (collect once, print the exposition, exit), `rules render` (the rule pack), "
+                           "`dump` (collect once, print the exposition, exit), `doctor` (check this node, say what "
+                           "to fix), `rules render` (the rule pack), "
                            "`dashboards render` (the Grafana dashboards); `gpunode-exporter COMMAND --help` "
                            "for each.")
     _common_flags(serve)
@@ -92,6 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     dump = sub.add_parser("dump", help="collect once, print the exposition to stdout, exit",
                           description="Collect once, print the exposition to stdout, exit.")
     _common_flags(dump)
+    doctor = sub.add_parser("doctor", help="check this node as each collector will see it; say what to fix",
+                            description="Check this node as each collector will see it (NVML, GPUs, the "
+                            "kernel log, the state directory, NFS mounts, storage interfaces, GPU processes' "
+                            "files, the config files) and say what to fix. Exit status 1 when an enabled "
+                            "collector cannot work. Give it the flags the exporter runs with.")
+    _common_flags(doctor)
+    doctor.add_argument("--web.config.file", dest="web_config", type=Path, metavar="FILE",
+                        help="exporter-toolkit web config to check")
     rules = sub.add_parser("rules", help="the Prometheus/vmalert rule pack",
                            description="The Prometheus/vmalert rule pack (docs/rules.md).")
     rules_sub = rules.add_subparsers(dest="rules_command", metavar="COMMAND", required=True)
@@ -117,14 +126,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _enabled(args: argparse.Namespace, ctx: Context) -> list[Collector]:
+def enabled_collectors(args: argparse.Namespace) -> list[str]:
+    """The names of the collectors the flags enable."""
     def wanted(name: str, cls: type[Collector]) -> bool:
         chosen = getattr(args, f"collector_{name}")
         return chosen if chosen is not None else cls.default_enabled and not args.disable_defaults
-    return [cls(ctx) for name, cls in sorted(COLLECTORS.items()) if wanted(name, cls)]
+    return [name for name, cls in sorted(COLLECTORS.items()) if wanted(name, cls)]
 
 
-def _context(args: argparse.Namespace, cfg: config.Config) -> Context:
+def _enabled(args: argparse.Namespace, ctx: Context) -> list[Collector]:
+    return [COLLECTORS[name](ctx) for name in enabled_collectors(args)]
+
+
+def context(args: argparse.Namespace, cfg: config.Config) -> Context:
     lookup = (CachedLookup(route_device, cfg.nfs.route_cache_seconds)
               if cfg.nfs.resolve_devices else (lambda _address: None))
     return Context(procfs=args.procfs, sysfs=args.sysfs, config=cfg, route_lookup=lookup, kmsg=args.kmsg,
@@ -143,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     parser, args = parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.command in ("rules", "dashboards"):
         return _render(args, parser)
+    if args.command == "doctor":
+        from exporter import doctor  # reports bad config files itself, as findings
+
+        return doctor.run(args)
     logging.basicConfig(level=args.log_level.upper().replace("WARN", "WARNING"), stream=sys.stderr,
                         format="%(asctime)s level=%(levelname)s %(name)s: %(message)s")
     try:
@@ -161,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     renderer = Renderer()
 
     def make_scraper() -> Scraper:
-        return Scraper(_enabled(args, _context(args, cfg)), cfg.collector_timeout_seconds,
+        return Scraper(_enabled(args, context(args, cfg)), cfg.collector_timeout_seconds,
                        simulated=scenario is not None)
 
     if args.command == "dump":

@@ -154,9 +154,9 @@ def copies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         if file not in made:
             dest = tmp_path_factory.mktemp(file.replace("/", "_"))
             for name in tracked.decode().split("\0"):
-                if name and (ROOT / name).is_file():
+                if name and ((ROOT / name).is_file() or (ROOT / name).is_symlink()):
                     (dest / name).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(ROOT / name, dest / name)
+                    shutil.copy2(ROOT / name, dest / name, follow_symlinks=False)  # sysfs fixtures are links
             (dest / ".venv").symlink_to(Path(sys.prefix))
             made[file] = dest
         return made[file]

@@ -50,7 +50,7 @@ class StorageNetworkCollector(Collector):
         self._problems = Problems()  # ethtool errors per device
         self._parse_errors = 0
 
-    def _storage_interfaces(self) -> dict[str, str]:
+    def storage_interfaces(self) -> dict[str, str]:
         """{device: source}: interfaces routing to NFS servers, then those configured."""
         found: dict[str, str] = {}
         try:
@@ -67,7 +67,7 @@ class StorageNetworkCollector(Collector):
         return found
 
     def collect(self) -> Iterator[Family]:
-        storage = self._storage_interfaces()
+        storage = self.storage_interfaces()
         ports = net.rdma_ports(self.ctx.sysfs)
         interfaces, speed = STORAGE_INTERFACE.family(), LINK_SPEED.family()
         for device, source in storage.items():
