@@ -46,7 +46,8 @@ def _listen_address(value: str) -> str:
 def _common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     p.add_argument("--path.procfs", dest="procfs", type=Path, default=Path("/proc"),
-                   metavar="DIR", help="procfs mountpoint (default: /proc)")
+                   metavar="DIR", help="procfs mountpoint; elsewhere than /proc (a host's /proc in a container), "
+                   "NFS mounts are read from its PID 1, the host's init (default: /proc)")
     p.add_argument("--path.sysfs", dest="sysfs", type=Path, default=Path("/sys"),
                    metavar="DIR", help="sysfs mountpoint (default: /sys)")
     p.add_argument("--path.kmsg", dest="kmsg", type=Path, default=Path("/dev/kmsg"), metavar="FILE",

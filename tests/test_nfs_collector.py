@@ -125,3 +125,11 @@ def test_slot_table_limits_from_sunrpc_sysctls(procfs: Path) -> None:
     (procfs / "sys" / "sunrpc" / "udp_max_slot_table_entries").write_text("garbage\n")
     got = collect_samples(NFSCollector(nfs_context(procfs)))["gpunode_nfs_slot_table_limit"]
     assert got == {(("protocol", "tcp"),): 65536}
+
+
+def test_a_host_proc_seen_from_a_container_reads_the_hosts_init(procfs: Path) -> None:
+    # --path.procfs=/host/proc: `self` is the container, with none of the host's NFS mounts.
+    (procfs / "1").mkdir()
+    shutil.copy(procfs / "4242" / "mountstats", procfs / "1" / "mountstats")
+    (procfs / "4242" / "mountstats").write_text("device tmpfs mounted on / with fstype tmpfs\n")
+    assert collect_samples(NFSCollector(nfs_context(procfs)))["gpunode_nfs_rpc_operations_total"]

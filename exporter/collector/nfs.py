@@ -90,13 +90,17 @@ def read_slot_limits(procfs: Path) -> dict[str, int]:
 
 
 def read_own_or_init(procfs: Path, name: str) -> tuple[Path, str]:
-    """(pid dir, text) of <procfs>/self/NAME, else of <procfs>/1/NAME (a host /proc seen from a container)."""
-    pid_dir = procfs / "self"
+    """(pid dir, text) of NAME in the mount namespace whose NFS mounts count.
+
+    At /proc, our own (<procfs>/self). A procfs mounted elsewhere is a host's /proc seen from a
+    container (--path.procfs=/host/proc), where `self` is still the container and its mounts, so
+    the host's init (<procfs>/1) comes first there. Either way the other is tried when one fails.
+    """
+    order = ("self", "1") if procfs == Path("/proc") else ("1", "self")
     try:
-        return pid_dir, (pid_dir / name).read_text(errors="replace")
-    except FileNotFoundError:
-        pid_dir = procfs / "1"
-        return pid_dir, (pid_dir / name).read_text(errors="replace")
+        return procfs / order[0], (procfs / order[0] / name).read_text(errors="replace")
+    except OSError:
+        return procfs / order[1], (procfs / order[1] / name).read_text(errors="replace")
 
 
 def read_mount_files(procfs: Path) -> tuple[str, str]:
