@@ -82,6 +82,12 @@ class ProcessTracker:
         self._gone = IO()  # last values of GPU processes that have exited
         self._last_totals = IO()
         self._stat_counts_fds = _stat_counts_fds(self._root)
+        # Ourselves: NVML's fds make the exporter look like a GPU process, and its reads of /proc
+        # are no checkpoint I/O. <procfs>/self names our PID as that procfs counts (a container too).
+        try:
+            self._own_pid: int | None = int(os.readlink(os.path.join(self._root, "self")))
+        except (OSError, ValueError):
+            self._own_pid = None
         self._scans = 0
         self.parse_errors = 0  # stat or io files not in the kernel's format, on every read that saw one
 
@@ -89,7 +95,7 @@ class ProcessTracker:
         # The first scan checks everything (~0.3 ms a process): counts are right from the start.
         self._scans += 1
         deadline = time.perf_counter() + (self.check_budget if self._scans > 1 else float("inf"))
-        pids = {int(name) for name in os.listdir(self._root) if name.isdigit()}
+        pids = {int(name) for name in os.listdir(self._root) if name.isdigit()} - {self._own_pid}
         for pid in sorted(self._procs.keys() - pids):
             self._retire(pid, pids)
         for pid, proc in list(self._procs.items()):  # GPU processes: still the same process?

@@ -57,6 +57,15 @@ def test_only_per_gpu_device_nodes_count(proc: FakeProc) -> None:
     assert (snap.processes, snap.totals) == (1, IO(1000, 500, 10, 5))
 
 
+def test_the_exporter_itself_is_not_a_gpu_process(proc: FakeProc) -> None:
+    # NVML's device fds are open in the exporter; its reads of /proc are no checkpoint I/O.
+    proc.spawn(10, gpu=True, io=(1000, 500, 10, 5))
+    proc.spawn(20, gpu=True, io=(9999, 0, 99, 0))
+    (proc.root / "self").symlink_to("20")
+    snap = ProcessTracker(proc.root).scan()
+    assert (snap.processes, snap.totals, snap.pending) == (1, IO(1000, 500, 10, 5), 0)
+
+
 def test_exit_keeps_the_total(proc: FakeProc) -> None:
     tracker = ProcessTracker(proc.root)
     proc.spawn(10, gpu=True, io=(1000, 500, 10, 5))
