@@ -9,17 +9,12 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import generate_latest
-from prometheus_client.process_collector import ProcessCollector
-
-from exporter import __version__, config, webconfig
+from exporter import __version__, config, process, webconfig
 from exporter.collector import COLLECTORS, Collector, Context
 from exporter.exposition import Renderer
-from exporter.http import make_handler, make_server, parse_listen_address
+from exporter.http import ThreadingHTTPServer, make_handler, make_server, parse_listen_address
 from exporter.netroute import CachedLookup, route_device
 from exporter.rulepack import TARGETS
 from exporter.scrape import Scraper
@@ -196,13 +191,11 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.flush()
             os._exit(0)
         return 0
-    # The exporter's own process metrics (memory, CPU, fds), from prometheus_client.
-    own = CollectorRegistry(auto_describe=False)
-    own.register(ProcessCollector(registry=None))
 
     def render() -> Iterator[bytes]:
         yield from renderer.chunks(scraper.collect())
-        yield generate_latest(own)
+        yield from renderer.chunks(process.collect())  # the exporter's own memory, CPU, fds
+        process.release_memory()
 
     # Listen first: an exporter that cannot listen starts no collector (no Xid state is touched).
     server = _listen(args, render, web)

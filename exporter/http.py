@@ -7,15 +7,29 @@ import binascii
 import html
 import logging
 import socket
-import ssl
+import sys
 import threading
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
 
 from exporter import __version__
 from exporter.webconfig import WebConfig
+
+# http.server imports http.client, which imports ssl (libssl and libcrypto, ~5 MiB resident)
+# for the HTTPS requests a client makes; this server needs ssl only for TLS, and the web
+# config imports it then. Meanwhile http.client sees a Python without ssl, as it allows.
+_ssl_imported = "ssl" in sys.modules
+sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
+try:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+finally:
+    if not _ssl_imported:
+        del sys.modules["ssl"]
+
+if TYPE_CHECKING:
+    import ssl
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +90,7 @@ class _Server(ThreadingHTTPServer):
             request.settimeout(_HANDSHAKE_TIMEOUT)
             try:
                 request = self.ssl_context.wrap_socket(request, server_side=True)
-            except (ssl.SSLError, OSError) as err:
+            except OSError as err:  # ssl.SSLError is one
                 log.debug("TLS handshake with %s failed: %s", client_address, err)
                 return
             request.settimeout(None)

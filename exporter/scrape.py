@@ -83,6 +83,10 @@ class Scraper:
             except FutureTimeout:
                 families, took = [], time.perf_counter() - started
                 failure = f"still running after {self.timeout:g}s"
+            else:
+                with self._lock:  # done: its families are this scrape's, not to be kept until the next
+                    if self._in_flight.get(collector.name) is future:
+                        del self._in_flight[collector.name]
             self._report(collector.name, failure)
             yield from families
             success.add((collector.name,), 0 if failure else 1)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from exporter.gpu_processes import ProcessTracker
-from exporter.procfs.pid import IO, PidFileError, parse_io, parse_stat
+from exporter.procfs.pid import IO, PidFileError, parse_io, parse_stat, parse_usage
 from tests.fakeproc import IO_TEXT, STAT, FakeProc
 
 
@@ -34,6 +34,12 @@ def test_parsers_on_real_formats() -> None:
         parse_stat(b"77 (cut")
     with pytest.raises(PidFileError):
         parse_io(b"rchar: 1\nwchar: x\n")
+
+
+def test_usage_of_a_real_stat_line() -> None:
+    usage = parse_usage(STAT.format(pid=77, ppid=12, start=98765).encode())
+    # utime 4 + stime 1 ticks; vsize 16965632 bytes; rss 3380 pages.
+    assert (usage.cpu_ticks, usage.start_ticks, usage.virtual_bytes, usage.resident_pages) == (5, 98765, 16965632, 3380)
 
 
 @pytest.mark.parametrize("bad", [b"-12", b"+12", b"1_2", "\u0661\u0662".encode(), b"9" * 400])

@@ -161,6 +161,12 @@ def test_proc_stat(data: st.DataObject) -> None:
     for i in data.draw(st.lists(st.integers(0, len(words) - 1), max_size=3)):
         words[i] = data.draw(st.one_of(WEIRD_NUMBERS.map(str.encode), st.binary(max_size=12)))
     try:
+        usage = pid.parse_usage(b" ".join(words))
+        assert all(_in_u64(v) for v in (usage.start_ticks, usage.virtual_bytes, usage.resident_pages))
+        assert 0 <= usage.cpu_ticks < 2 ** 65
+    except pid.PidFileError:
+        pass
+    try:
         stat = pid.parse_stat(b" ".join(words))
     except pid.PidFileError:
         return

@@ -22,11 +22,16 @@ def test_every_metric_is_documented() -> None:
 
 
 def test_the_process_metrics_served_are_documented() -> None:
-    # `serve` adds prometheus_client's ProcessCollector (exporter/cli.py); the README names each series.
+    # `serve` adds the exporter's own process metrics (exporter/process.py), named as prometheus_client
+    # (and every client library) names them; the README names each series.
     from prometheus_client import CollectorRegistry
     from prometheus_client.process_collector import ProcessCollector
 
+    from exporter import process
+
     registry = CollectorRegistry(auto_describe=False)
     ProcessCollector(registry=registry)
-    names = {sample.name for family in registry.collect() for sample in family.samples}
-    assert names and all(f"`{name}`" in README.read_text() for name in names), names
+    theirs = {sample.name for family in registry.collect() for sample in family.samples}
+    ours = {family.spec.name for family in process.collect()}
+    assert ours == theirs == {spec.name for spec in process.PROCESS_METRICS}
+    assert all(f"`{name}`" in README.read_text() for name in ours), ours

@@ -17,18 +17,45 @@ class Stat:
     start_ticks: int  # field 22: clock ticks after boot at which the process started
 
 
-def parse_stat(data: bytes) -> Stat:
-    """/proc/PID/stat. comm (field 2) may hold any bytes but NUL, spaces and parentheses
+@dataclass(frozen=True)
+class Usage:
+    """What a process costs, from /proc/PID/stat."""
+
+    cpu_ticks: int  # utime + stime (fields 14 and 15)
+    start_ticks: int
+    virtual_bytes: int  # field 23, vsize
+    resident_pages: int  # field 24, rss
+
+
+def _stat_fields(data: bytes, want: int) -> list[bytes]:
+    """The fields after comm (field 2), which may hold any bytes but NUL, spaces and parentheses
     included (prctl(PR_SET_NAME) lets any user set it): split after the last ')'."""
     _, paren, rest = data.rpartition(b")")
     fields = rest.split()
-    if not paren or len(fields) < 20:
-        raise PidFileError(f"stat: want >= 22 fields, got {data[:80]!r}")
+    if not paren or len(fields) < want - 2:
+        raise PidFileError(f"stat: want >= {want} fields, got {data[:80]!r}")
+    return fields
+
+
+def parse_stat(data: bytes) -> Stat:
+    """/proc/PID/stat: parent and start time."""
+    fields = _stat_fields(data, 22)
     try:
         # rest starts at field 3 (state): ppid is field 4 (%d), starttime field 22 (%llu).
         return Stat(ppid=u64(fields[1]), start_ticks=u64(fields[19]))
     except KernelNumberError as err:
         raise PidFileError(f"stat: ppid or starttime: {err}") from None
+
+
+def parse_usage(data: bytes) -> Usage:
+    """/proc/PID/stat: CPU time, start time and memory."""
+    fields = _stat_fields(data, 24)
+    try:
+        # rest starts at field 3: utime is field 14 (%lu), rss field 24 (%ld, never negative).
+        return Usage(cpu_ticks=u64(fields[11]) + u64(fields[12]), start_ticks=u64(fields[19]),
+                     virtual_bytes=u64(fields[20]), resident_pages=u64(fields[21]))
+    except KernelNumberError as err:
+        raise PidFileError(f"stat: usage: {err}") from None
 
 
 @dataclass(frozen=True)
