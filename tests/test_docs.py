@@ -318,3 +318,11 @@ def test_flag_defaults_in_prose_are_the_parsers() -> None:
     for file, match in said:
         default = flags[f"--{match.group(1)}"].default
         assert str(default) == match.group(2), f"{file}: --{match.group(1)} defaults to {default}, not {match.group(2)}"
+
+
+def test_one_spelling_for_each_term() -> None:
+    """NVIDIA writes "Xid"; "utilization" as Prometheus and NVML do. NVIDIA's catalog data keeps its own."""
+    data = ("scripts/xid_catalog.py", "tests/test_xid_catalog.py", "tests/fixtures/", "tests/test_docs.py")
+    found = [f"{name}: {m.group(0)}" for name, text in _tracked_text().items() if not name.startswith(data)
+             for m in re.finditer(r"\bXIDs?\b|[Uu]tilis", text)]
+    assert not found, found
