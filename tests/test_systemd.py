@@ -136,7 +136,7 @@ def test_sysusers_and_tmpfiles_apply(tmp_path: Path) -> None:
 # --- the scrape config -----------------------------------------------------------------------
 
 def _scrape_config(doc: Path) -> str:
-    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", doc.read_text(), re.S) if "scrape_configs:" in b]
+    blocks = [b for b in re.findall(r"```yaml[^\n]*\n(.*?)```", doc.read_text(), re.S) if "scrape_configs:" in b]
     assert len(blocks) == 1, f"{doc.name}: {len(blocks)} scrape_configs blocks"
     return blocks[0]
 
