@@ -17,11 +17,39 @@ class ConfigError(ValueError):
     """Names the key that is wrong; the CLI prints it on one line and exits 2."""
 
 
+# The NFS operations served one by one unless nfs.operations says otherwise: the data path and
+# the metadata operations a training job's file handling shows in (the rule pack reads the first
+# seven). A mount's other operations, most of ~60 idle, are summed into op="OTHER".
+NFS_OPERATIONS = ("READ", "WRITE", "COMMIT", "GETATTR", "LOOKUP", "ACCESS", "OPEN", "CLOSE", "SETATTR",
+                  "READDIR", "READDIRPLUS")
+# Per-transport series, gpunode_nfs_transport_NAME[_total]: every one, and those served unless
+# nfs.transport_series says otherwise (what the rule pack and the dashboards read).
+NFS_TRANSPORT_SERIES_ALL = ("sends", "receives", "bad_xids", "connects", "in_flight_sum", "backlog_sum",
+                            "sending_sum", "pending_sum", "max_slots")
+NFS_TRANSPORT_SERIES = ("sends", "connects", "in_flight_sum", "backlog_sum", "max_slots")
+_OPERATION = re.compile(r"[A-Z][A-Z0-9_]*")
+
+
 @dataclass(frozen=True)
 class NFSConfig:
     # Look up which interface routes to each NFS server (netlink, cached).
     resolve_devices: bool = True
     route_cache_seconds: float = 60.0
+    # Operations served on their own, the rest of a mount's summed into op="OTHER"; [all]: each its own.
+    operations: tuple[str, ...] = NFS_OPERATIONS
+    # Per-transport series served (names above); [all]: every one.
+    transport_series: tuple[str, ...] = NFS_TRANSPORT_SERIES
+
+    def __post_init__(self) -> None:
+        if self.operations != ("all",):
+            for op in self.operations:
+                if not _OPERATION.fullmatch(op) or op == "OTHER":
+                    raise ConfigError(f"key 'nfs.operations': {op!r} is no NFS operation name (READ, GETATTR, ...)")
+        if self.transport_series != ("all",):
+            for name in self.transport_series:
+                if name not in NFS_TRANSPORT_SERIES_ALL:
+                    raise ConfigError(f"key 'nfs.transport_series': unknown {name!r} "
+                                      f"(known: {', '.join(NFS_TRANSPORT_SERIES_ALL)}, or all)")
 
 
 @dataclass(frozen=True)
@@ -111,6 +139,8 @@ def _build(cls: type, data: Any, where: str) -> Any:
                 raise ConfigError(f"key '{path}': want a whole number >= 0, got {value!r}")
             values[name] = value
         elif want == tuple[str, ...]:
+            if isinstance(value, str) and value:
+                value = [value]  # one item may be written without the brackets (`operations: all`)
             if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
                 raise ConfigError(f"key '{path}': want a list of strings, got {value!r}")
             values[name] = tuple(value)

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import nvmlsim
 from exporter.collector.base import Collector, Context, Family
-from exporter.config import Config
+from exporter.config import Config, NFSConfig
 from exporter.exposition import Renderer
 from exporter.nvmlsim.library import FUNCTIONS, SimulatedNVML
 from exporter.nvmlsim.scenario import build
@@ -22,8 +22,11 @@ from exporter.nvmlsim.scenario import build
 Series = dict[str, dict[tuple, float]]
 
 
-def nfs_context(procfs: Path, route_lookup: Callable[[str], str | None] = lambda _a: None) -> Context:
-    return Context(procfs=procfs, sysfs=procfs.parent / "sys", config=Config(), route_lookup=route_lookup)
+def nfs_context(procfs: Path, route_lookup: Callable[[str], str | None] = lambda _a: None,
+                every_series: bool = False) -> Context:
+    """every_series: every operation and transport series (nfs.operations and transport_series: all)."""
+    config = Config(nfs=NFSConfig(operations=("all",), transport_series=("all",))) if every_series else Config()
+    return Context(procfs=procfs, sysfs=procfs.parent / "sys", config=config, route_lookup=route_lookup)
 
 
 def parse_exposition(text: str) -> Series:

@@ -26,6 +26,9 @@ _GPU = ("--collector.disable-defaults", "--collector.gpu",
 SCENARIOS = {
     "real": (*_NFS, "--path.procfs", str(FIXTURES / "procfs" / "real")),
     "edge": (*_NFS, "--path.procfs", str(FIXTURES / "procfs" / "edge")),
+    # nfs.operations and transport_series: all, so every operation of the real kernels' samples is checked.
+    "real-every-series": (*_NFS, "--path.procfs", str(FIXTURES / "procfs" / "real"),
+                          "--config.file", str(FIXTURES / "procfs" / "every-nfs-series.yaml")),
     "gpu-healthy": (*_GPU, "--path.sysfs", str(FIXTURES / "sysfs" / "dgx-h100"),
                     "--nvml.simulate", "exporter/nvmlsim/scenarios/healthy-h100.yaml"),
     "gpu-faults": (*_GPU, "--path.sysfs", str(FIXTURES / "sysfs" / "edge"),

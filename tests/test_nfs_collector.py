@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
-from exporter.collector.nfs import NFSCollector
+from exporter import config
+from exporter.collector.nfs import NFSCollector, transport_series_name
+from exporter.config import NFS_TRANSPORT_SERIES_ALL, ConfigError, NFSConfig
 from tests.helpers import collect_samples, nfs_context
 
 FIXTURES = Path(__file__).parent / "fixtures" / "procfs"
@@ -133,3 +137,89 @@ def test_a_host_proc_seen_from_a_container_reads_the_hosts_init(procfs: Path) ->
     shutil.copy(procfs / "4242" / "mountstats", procfs / "1" / "mountstats")
     (procfs / "4242" / "mountstats").write_text("device tmpfs mounted on / with fstype tmpfs\n")
     assert collect_samples(NFSCollector(nfs_context(procfs)))["gpunode_nfs_rpc_operations_total"]
+
+
+_PER_OP = ("operations", "transmissions", "major_timeouts", "errors", "sent_bytes", "received_bytes",
+           "queue_seconds", "rtt_seconds", "execute_seconds")
+
+
+def _per_mount_sums(got: dict) -> dict:
+    sums: dict = {}
+    for family in _PER_OP:
+        for labels, value in got.get(f"gpunode_nfs_rpc_{family}_total", {}).items():
+            mount = tuple(kv for kv in labels if kv[0] != "op")
+            sums[family, mount] = sums.get((family, mount), 0) + value
+    return sums
+
+
+def test_other_operations_are_summed_so_mount_totals_stay_whole() -> None:
+    real = FIXTURES / "real"
+    default = collect_samples(NFSCollector(nfs_context(real)))
+    every = collect_samples(NFSCollector(nfs_context(real, every_series=True)))
+    ops = {dict(k)["op"] for k in default["gpunode_nfs_rpc_operations_total"]}
+    assert "OTHER" in ops and ops - {"OTHER"} <= set(NFSConfig().operations)
+    assert len(default["gpunode_nfs_rpc_operations_total"]) < len(every["gpunode_nfs_rpc_operations_total"]) / 2
+    assert _per_mount_sums(default) == pytest.approx(_per_mount_sums(every))
+    # A served operation's series are the same either way.
+    write = [k for k in default["gpunode_nfs_rpc_sent_bytes_total"] if dict(k)["op"] == "WRITE"]
+    assert write and all(default["gpunode_nfs_rpc_sent_bytes_total"][k] == every["gpunode_nfs_rpc_sent_bytes_total"][k]
+                         for k in write)
+
+
+def test_a_wrapped_sum_leaves_other_without_that_series(procfs: Path) -> None:
+    # The kernel wrapped a negative queue sum of NULL (not served): OTHER has no queue series,
+    # as a served operation would not, and keeps the others.
+    stats = procfs / "4242" / "mountstats"
+    text = stats.read_text()
+    lines = text.splitlines(keepends=True)
+    i = next(n for n, line in enumerate(lines) if line.strip().startswith("NULL:"))
+    fields = lines[i].split()
+    fields[6] = str(2 ** 64 - 5)  # queue ms
+    lines[i] = "\t" + " ".join(fields) + "\n"
+    stats.write_text("".join(lines))
+    got = collect_samples(NFSCollector(nfs_context(procfs)))
+    other = [k for k in got["gpunode_nfs_rpc_operations_total"] if dict(k)["op"] == "OTHER"]
+    mount = dict(other[0])["mountpoint"] if other else None
+    wrapped = [k for k in other if dict(k)["mountpoint"] == mount]
+    assert wrapped and not [k for k in got["gpunode_nfs_rpc_queue_seconds_total"] if k in wrapped]
+    assert all(k in got["gpunode_nfs_rpc_rtt_seconds_total"] for k in wrapped)
+
+
+def test_transport_series_default_to_what_the_rules_read() -> None:
+    got = collect_samples(NFSCollector(nfs_context(FIXTURES / "real")))
+    served = {name.removeprefix("gpunode_nfs_transport_").removesuffix("_total") for name in got
+              if name.startswith("gpunode_nfs_transport_")}
+    assert served == set(NFSConfig().transport_series)
+    every = collect_samples(NFSCollector(nfs_context(FIXTURES / "real", every_series=True)))
+    assert {n for n in every if n.startswith("gpunode_nfs_transport_")} == {
+        spec.name for spec in NFSCollector.metrics if spec.name.startswith("gpunode_nfs_transport_")}
+    assert set(NFS_TRANSPORT_SERIES_ALL) == {transport_series_name(spec) for spec in NFSCollector.metrics
+                                             if spec.name.startswith("gpunode_nfs_transport_")}
+
+
+@pytest.mark.parametrize(("nfs", "error"), [
+    ({"operations": ["read"]}, "no NFS operation name"),
+    ({"operations": ["OTHER"]}, "no NFS operation name"),
+    ({"transport_series": ["sends", "slots"]}, "unknown 'slots'"),
+    ({"operations": 7}, "want a list of strings"),
+])
+def test_bad_nfs_series_choices_are_config_errors(tmp_path: Path, nfs: dict, error: str) -> None:
+    path = tmp_path / "c.yml"
+    path.write_text(yaml.safe_dump({"nfs": nfs}))
+    with pytest.raises(ConfigError, match=error):
+        config.load(path)
+
+
+def test_all_may_be_written_without_brackets(tmp_path: Path) -> None:
+    path = tmp_path / "c.yml"
+    path.write_text("nfs: {operations: all, transport_series: [all]}\n")
+    assert config.load(path).nfs == NFSConfig(operations=("all",), transport_series=("all",))
+
+
+def test_the_rule_pack_and_dashboards_read_only_served_operations() -> None:
+    from exporter.rulepack import shipped_spec
+
+    wanted = re.fullmatch(r'op=~"(.*)"', shipped_spec()["nfs"]["ops"]).group(1).split("|")
+    assert set(wanted) <= set(NFSConfig().operations)
+    for path in (Path(__file__).parent.parent / "exporter" / "dashboards").glob("*.py"):
+        assert set(re.findall(r'op=\\?"(\w+)\\?"', path.read_text())) <= set(NFSConfig().operations), path

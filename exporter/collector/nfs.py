@@ -16,7 +16,8 @@ _OP = ("mountpoint", "export", "op")
 _XPRT = ("mountpoint", "export", "transport", "protocol")
 
 OPERATIONS = MetricSpec("gpunode_nfs_rpc_operations_total", "counter",
-                        "RPC requests completed, per mount and NFS operation.", _OP)
+                        "RPC requests completed, per mount and NFS operation (op=\"OTHER\": the mount's "
+                        "operations not in nfs.operations, summed, as in every per-operation series).", _OP)
 TRANSMISSIONS = MetricSpec("gpunode_nfs_rpc_transmissions_total", "counter",
                            "RPC transmissions, retransmissions included.", _OP)
 MAJOR_TIMEOUTS = MetricSpec("gpunode_nfs_rpc_major_timeouts_total", "counter",
@@ -65,6 +66,10 @@ SLOT_TABLE_LIMIT = MetricSpec("gpunode_nfs_slot_table_limit", "gauge",
                               "NFSv4.1+ sessions may cap lower).", ("protocol",))
 PARSE_ERRORS = MetricSpec("gpunode_nfs_parse_errors_total", "counter",
                           "Malformed mountstats sections skipped, counted on every read that saw one.")
+
+# Operation fields summed into op="OTHER" (errors apart: old kernels lack it).
+_SUMMED = ("requests", "transmissions", "major_timeouts", "sent_bytes", "received_bytes", "queue_ms", "rtt_ms",
+           "execute_ms")
 
 # Transport metrics and the xprt field each comes from.
 _TRANSPORT_FIELDS = (
@@ -126,6 +131,11 @@ class NFSCollector(Collector):
         super().__init__(ctx)
         self._parse_errors = 0
         self._reported: set[tuple[str, str]] = set()  # log each problem once, count it always
+        nfs = ctx.config.nfs
+        self._operations = None if nfs.operations == ("all",) else frozenset(nfs.operations)
+        self._transport_fields = [(spec, field) for spec, field in _TRANSPORT_FIELDS
+                                  if nfs.transport_series == ("all",) or transport_series_name(spec)
+                                  in nfs.transport_series]
 
     def collect(self) -> Iterator[Family]:
         stats_text, info_text = read_mount_files(self.ctx.procfs)
@@ -139,7 +149,7 @@ class NFSCollector(Collector):
         self._parse_errors += len(stats.problems)
 
         op_fams = {spec: spec.family() for spec in self.metrics if spec.labels == _OP}
-        xprt_fams = {spec: spec.family() for spec, _ in _TRANSPORT_FIELDS}
+        xprt_fams = {spec: spec.family() for spec, _ in self._transport_fields}
         info = MOUNT_INFO.family()
         seen: set[tuple[str, str]] = set()
         for mount in stats.mounts:
@@ -147,10 +157,10 @@ class NFSCollector(Collector):
             if key in seen:  # the same export stacked on one mountpoint
                 continue
             seen.add(key)
-            self._add_operations(op_fams, mount)
+            self._add_operations(op_fams, mount, self._operations)
             for index, xprt in enumerate(mount.transports):
                 labels = (*key, str(index), xprt.protocol)
-                for spec, field in _TRANSPORT_FIELDS:
+                for spec, field in self._transport_fields:
                     if field in xprt.values:
                         xprt_fams[spec].add(labels, xprt.values[field])
             protocol = mount.transports[0].protocol if mount.transports else mount.options.get("proto", "")
@@ -170,13 +180,20 @@ class NFSCollector(Collector):
         yield errors
 
     @staticmethod
-    def _add_operations(fams: dict[MetricSpec, Family], mount: mountstats.NFSMount) -> None:
+    def _add_operations(fams: dict[MetricSpec, Family], mount: mountstats.NFSMount,
+                        wanted: frozenset[str] | None) -> None:
         # The hot loop of a scrape (mounts x ops x 9): plain appends to the rows.
         ops, trans, timeouts = fams[OPERATIONS].rows, fams[TRANSMISSIONS].rows, fams[MAJOR_TIMEOUTS].rows
         sent, received, errors = fams[SENT_BYTES].rows, fams[RECEIVED_BYTES].rows, fams[ERRORS].rows
         queue, rtt, execute = fams[QUEUE_SECONDS].rows, fams[RTT_SECONDS].rows, fams[EXECUTE_SECONDS].rows
         wrapped = mountstats.WRAPPED_THRESHOLD
-        for op in mount.operations:
+        rest = [op for op in mount.operations if wanted is not None and op.name not in wanted]
+        served = mount.operations if not rest else [op for op in mount.operations if op.name in wanted]
+        if rest:  # summed into one: counters stay counters, and the mount's totals stay whole
+            served.append(mountstats.Operation(
+                "OTHER", *(sum(getattr(op, f) for op in rest) for f in _SUMMED),
+                errors=None if any(op.errors is None for op in rest) else sum(op.errors for op in rest)))
+        for op in served:
             labels = (mount.mountpoint, mount.export, op.name)
             ops.append((labels, op.requests))
             trans.append((labels, op.transmissions))
@@ -185,10 +202,15 @@ class NFSCollector(Collector):
             received.append((labels, op.received_bytes))
             if op.errors is not None:
                 errors.append((labels, op.errors))
-            # Old kernels wrap negative sums to near 2^64: such a value is no counter.
+            # Old kernels wrap negative sums to near 2^64: such a value is no counter (nor a sum with one).
             if op.queue_ms < wrapped:
                 queue.append((labels, op.queue_ms / 1000))
             if op.rtt_ms < wrapped:
                 rtt.append((labels, op.rtt_ms / 1000))
             if op.execute_ms < wrapped:
                 execute.append((labels, op.execute_ms / 1000))
+
+
+def transport_series_name(spec: MetricSpec) -> str:
+    """gpunode_nfs_transport_in_flight_sum_total -> in_flight_sum: the name nfs.transport_series uses."""
+    return spec.name.removeprefix("gpunode_nfs_transport_").removesuffix("_total")
