@@ -121,7 +121,7 @@ def _storage(ctx: Context) -> Iterator[Finding]:
     devices = StorageNetworkCollector(ctx).storage_interfaces()
     if not devices:
         yield Finding("storage", OK, "no storage interfaces (no route to an NFS server, none in storage.interfaces)")
-    ports = net.rdma_ports(ctx.sysfs)
+    ports = net.rdma_ports(ctx.sysfs, ())
     ethtool = Ethtool()
     try:
         for device, source in devices.items():

@@ -15,7 +15,7 @@ import platform
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from exporter import __version__
@@ -37,6 +37,7 @@ SIMULATED = MetricSpec("gpunode_nvml_simulated", "gauge",
 EXPORTER_METRICS = (SUCCESS, DURATION, BUILD_INFO, SIMULATED)
 
 _Result = tuple[list[Family], float, Exception | None]
+_STAGGER_SECONDS = 0.05
 
 
 def _run(collector: Collector) -> _Result:
@@ -74,7 +75,12 @@ class Scraper:
     def collect(self) -> Iterator[Family]:
         started = time.perf_counter()
         deadline = started + self.timeout
-        futures = [(c, self._start(c)) for c in self.collectors]
+        futures = []
+        for collector in self.collectors:
+            futures.append((collector, self._start(collector)))
+            # One after another while each is quick: Python threads running at once contend for the
+            # GIL, and a scrape took 1.6x as long. One that is slow or stuck holds up the next this long at most.
+            wait([futures[-1][1]], timeout=_STAGGER_SECONDS)
         success, duration = SUCCESS.family(), DURATION.family()
         for collector, future in futures:
             try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -91,3 +92,49 @@ def test_exposition_has_build_info_and_no_timestamps() -> None:
     assert 'gpunode_exporter_build_info{version="' in text
     parsed = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
     assert parsed and all(s.timestamp is None for s in parsed)
+
+
+class Timed(Collector):
+    """Spins for `seconds` of CPU, recording when it ran."""
+
+    description = "test"
+    metrics = (OK,)
+
+    def __init__(self, name: str, seconds: float) -> None:
+        self.name, self.seconds, self.spans = name, seconds, []
+
+    def collect(self) -> Iterator[Family]:
+        start = time.perf_counter()
+        while time.perf_counter() - start < self.seconds:
+            pass
+        self.spans.append((start, time.perf_counter()))
+        fam = OK.family()
+        fam.add((), 1)
+        yield fam
+
+
+def test_quick_collectors_run_one_after_another() -> None:
+    # Python threads running at once contend for the GIL: quick collectors are not started together.
+    collectors = [Timed(f"c{i}", 0.03) for i in range(4)]  # longer than the GIL switch interval
+    scraper = Scraper(collectors, timeout=5)
+    try:
+        samples(scraper)
+    finally:
+        scraper.close(wait=True)
+    spans = sorted(span for c in collectors for span in c.spans)
+    assert len(spans) == 4 and all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+
+
+def test_a_slow_collector_holds_up_the_next_briefly_only() -> None:
+    release = threading.Event()
+    stuck, quick = Fake("stuck", "hang", release), Timed("quick", 0)
+    scraper = Scraper([stuck, quick], timeout=1)
+    try:
+        started = time.perf_counter()
+        got = samples(scraper)
+        assert got[("gpunode_scrape_collector_success", "quick")] == 1
+        assert got[("gpunode_scrape_collector_success", "stuck")] == 0
+        assert quick.spans[0][0] - started < 0.5  # it started after the stagger, not after the timeout
+    finally:
+        release.set()
+        scraper.close(wait=True)

@@ -68,7 +68,7 @@ class StorageNetworkCollector(Collector):
 
     def collect(self) -> Iterator[Family]:
         storage = self.storage_interfaces()
-        ports = net.rdma_ports(self.ctx.sysfs)
+        ports = net.rdma_ports(self.ctx.sysfs, RDMA_COUNTERS)
         interfaces, speed = STORAGE_INTERFACE.family(), LINK_SPEED.family()
         for device, source in storage.items():
             interfaces.add((device, source), 1)
