@@ -20,7 +20,7 @@ test:
 lint:
 	.venv/bin/ruff check exporter tests benchmarks scripts demo fleet
 
-bench:  # GPU collector vs naive pynvml (~40 s), NFS vs node_exporter, GPU processes vs process-exporter, bursts of scrapes vs node_exporter (root, ~3.5 min)
+bench:  # GPU collector vs naive pynvml (~40 s), NFS vs node_exporter, GPU processes vs process-exporter, bursts of scrapes vs node_exporter (root, ~3.5 min), the reference node: series and a full scrape (~1 min)
 	scripts/install-deps.sh --test
 	$(PY) benchmarks/gpu_scrape.py
 	$(PY) benchmarks/scrape_latency.py
@@ -28,6 +28,8 @@ bench:  # GPU collector vs naive pynvml (~40 s), NFS vs node_exporter, GPU proce
 	$(PY) benchmarks/xid.py
 	$(PY) benchmarks/workload.py
 	$(PY) benchmarks/burst.py
+	$(PY) benchmarks/series_budget.py --out benchmarks/results/series_budget.json
+	$(PY) benchmarks/reference_scrape.py
 
 golden:  # regenerate tests/golden/ after an intended change; review the diff
 	GOLDEN_UPDATE=1 $(PY) -m pytest tests/test_golden.py

@@ -277,12 +277,21 @@ def main(argv: list[str] | None = None) -> int:
                   f"{m['python_version']}, {m['node_exporter_version']}")
 
 
+def _every_nfs_series(tmpdir: Path) -> Path:
+    config = tmpdir / "every-nfs-series.yml"
+    config.write_text("nfs: {operations: all, transport_series: all}\n")
+    return config
+
+
 def bench(args: argparse.Namespace, fixture: Path, mounts: int, tmpdir: Path) -> dict[str, Any]:
     ours_cmd = find_ours()
     ours_port, node_port = free_port(), free_port()
     ours = Exporter(
         key="ours", label="gpunode-exporter",
-        argv=[ours_cmd, "--web.listen-address", f"127.0.0.1:{ours_port}", "--path.procfs", str(fixture)],
+        # Every operation and transport series, as node_exporter serves them (by default ours sums
+        # idle operations into op="OTHER": docs/series-budget.md).
+        argv=[ours_cmd, "--web.listen-address", f"127.0.0.1:{ours_port}", "--path.procfs", str(fixture),
+              "--config.file", str(_every_nfs_series(tmpdir))],
         port=ours_port, log=tmpdir / "ours.log", nfs_metric="gpunode_nfs_rpc_operations_total",
         nfs_prefix="gpunode_nfs_", success_series='gpunode_scrape_collector_success{collector="nfs"}')
     node = Exporter(

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""A full scrape of the reference node (reference_node.py) over HTTP, beside node_exporter.
+
+    .venv/bin/python benchmarks/reference_scrape.py [--scrapes 500]
+
+Three servers are scraped in turn, gzip, one new connection per scrape, as Prometheus does:
+
+- ours: every default collector over the reference node (8 simulated GPUs, 4 NFSv4.2 mounts
+  with nconnect=8, 4 RDMA NICs, 2,000 processes);
+- node_exporter: its default collectors on this machine (what a node's node_exporter costs);
+- dcgm-sized: node_exporter's textfile collector alone, serving as many GPU series as
+  dcgm-exporter's default field list gives for 8 GPUs (the cost of serving that much text).
+
+Target: ours under 5 ms at the median. Results: benchmarks/results/reference_scrape.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ServerProcess, free_port, git_commit, percentile
+from reference_node import write_reference_node
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "reference_scrape.json"
+TARGET_P50_SECONDS = 0.005
+# dcgm-exporter's default counters (etc/default-counters.csv): about 40 per GPU with its labels.
+DCGM_FIELDS_PER_GPU, GPUS = 40, 8
+
+
+def _dcgm_sized(directory: Path) -> None:
+    lines = []
+    for field in range(DCGM_FIELDS_PER_GPU):
+        name = f"DCGM_FI_DEV_FIELD_{field}"
+        lines.append(f"# HELP {name} A dcgm-exporter-sized field.\n# TYPE {name} gauge\n")
+        for gpu in range(GPUS):
+            lines.append(f'{name}{{gpu="{gpu}",UUID="GPU-7c22a9e1-8f1b-4c2a-9e7d-0b6f3a2c1d0{gpu}",'
+                         f'pci_bus_id="00000000:{0x1b + gpu:02X}:00.0",device="nvidia{gpu}",'
+                         f'modelName="NVIDIA H100 80GB HBM3",Hostname="gpu071"}} {field * 1.5 + gpu}\n')
+    (directory / "dcgm.prom").write_text("".join(lines))
+
+
+def _scrape(url: str) -> tuple[float, int]:
+    start = time.perf_counter()
+    with requests.get(url, headers={"Accept-Encoding": "gzip", "Connection": "close"}, timeout=30) as resp:
+        resp.raise_for_status()
+        text = resp.text
+    return time.perf_counter() - start, sum(1 for line in text.splitlines() if line and line[0] != "#")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scrapes", type=int, default=500)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmpdir = Path(tmp)
+        flags = write_reference_node(tmpdir / "node")
+        (tmpdir / "textfile").mkdir()
+        _dcgm_sized(tmpdir / "textfile")
+        ports = [free_port() for _ in range(3)]
+        servers = [
+            ServerProcess(key="ours", label="gpunode-exporter (reference node)", port=ports[0], log=tmpdir / "ours.log",
+                          argv=[sys.executable, "-m", "exporter", *flags,
+                                "--web.listen-address", f"127.0.0.1:{ports[0]}"]),
+            ServerProcess(key="node", label="node_exporter (defaults, this machine)", port=ports[1],
+                          log=tmpdir / "node.log",
+                          argv=["prometheus-node-exporter", f"--web.listen-address=127.0.0.1:{ports[1]}"]),
+            ServerProcess(key="dcgm_sized", label="dcgm-exporter-sized text (node_exporter textfile)",
+                          port=ports[2], log=tmpdir / "dcgm.log",
+                          argv=["prometheus-node-exporter", "--collector.disable-defaults", "--collector.textfile",
+                                f"--collector.textfile.directory={tmpdir / 'textfile'}",
+                                f"--web.listen-address=127.0.0.1:{ports[2]}"]),
+        ]
+        for server in servers:
+            server.start()
+        try:
+            for server in servers:
+                deadline = time.monotonic() + 30
+                while True:
+                    server.check_running()
+                    try:
+                        _scrape(server.url)
+                        break
+                    except requests.ConnectionError:
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.1)
+            for _ in range(20):  # warm up: the first scrapes check every process for GPU use
+                for server in servers:
+                    _scrape(server.url)
+            times: dict[str, list[float]] = {s.key: [] for s in servers}
+            series: dict[str, int] = {}
+            for _ in range(args.scrapes):
+                for server in servers:  # in turn, so a busy moment of the machine costs each alike
+                    seconds, series[server.key] = _scrape(server.url)
+                    times[server.key].append(seconds)
+        finally:
+            for server in servers:
+                server.stop()
+    result = {
+        "scrapes": args.scrapes, "target_p50_seconds": TARGET_P50_SECONDS, "git": git_commit(ROOT),
+        "servers": {s.key: {"label": s.label, "series": series[s.key],
+                            "p50_seconds": percentile(times[s.key], 0.5), "p90_seconds": percentile(times[s.key], 0.9),
+                            "p99_seconds": percentile(times[s.key], 0.99)} for s in servers},
+    }
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    for r in result["servers"].values():
+        print(f"{r['label']:<52} {r['series']:>6} series  p50 {r['p50_seconds'] * 1000:6.2f} ms  "
+              f"p90 {r['p90_seconds'] * 1000:6.2f} ms  p99 {r['p99_seconds'] * 1000:6.2f} ms")
+    ours = result["servers"]["ours"]["p50_seconds"]
+    print(f"target: ours p50 < {TARGET_P50_SECONDS * 1000:.0f} ms: {'PASS' if ours < TARGET_P50_SECONDS else 'FAIL'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
