@@ -109,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prometheus, or vmalert (leaves out what vmalert 1.79 rejects) (default: prometheus)")
     render.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
                         help="directory to write the rule files to (default: .)")
+    render.add_argument("--tier", choices=("all", "local", "fleet"), default="all",
+                        help="all: one server's pack; local: the rules of one node's series, for each "
+                             "server scraping a shard; fleet: the rules that compare nodes, on the server "
+                             "that receives the local tiers' recordings (docs/scaling.md) (default: all)")
     boards = sub.add_parser("dashboards", help="the Grafana dashboards",
                             description="The Grafana dashboards (docs/dashboards.md).")
     boards_sub = boards.add_subparsers(dest="dashboards_command", metavar="COMMAND", required=True)
@@ -215,7 +219,12 @@ def _render(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from exporter import dashboards, rulepack
     try:
         spec = rulepack.load_spec(args.spec)
-        files = rulepack.render(spec, args.target) if args.command == "rules" else dashboards.files(spec)
+        if args.command == "rules":
+            from exporter.rulepack import tiers
+
+            files = tiers.split(rulepack.render(spec, args.target), args.tier, spec["labels"]["node"])
+        else:
+            files = dashboards.files(spec)
     except config.ConfigError as err:
         parser.error(str(err))
     try:
