@@ -75,6 +75,8 @@ from common import (  # benchmarks/ is on sys.path when run as a script
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.config import NFS_OPERATIONS, NFS_TRANSPORT_SERIES, NFS_TRANSPORT_SERIES_ALL
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results" / "rules_eval.json"
@@ -283,6 +285,9 @@ NFS_OPS = tuple(_NFS_OPS.split())
 NFS_ACTIVE = {"READ": (40, 5), "WRITE": (20, 1), "COMMIT": (1, 0.1), "OPEN": (10, 2), "CLOSE": (10, 2),
               "SETATTR": (2, 0.2), "ACCESS": (50, 10), "GETATTR": (300, 20), "LOOKUP": (50, 10),
               "READDIR": (1, 1), "SEQUENCE": (100, 20), "DELEGRETURN": (1, 0.1)}
+# The exporter's default sums the operations it does not serve into op="OTHER".
+NFS_ACTIVE["OTHER"] = tuple(sum(rates[m] for op, rates in NFS_ACTIVE.items() if op not in NFS_OPERATIONS)
+                            for m in (0, 1))  # type: ignore[assignment]
 NFS_BYTES = {"READ": (200, 1 << 20), "WRITE": (1 << 20, 200)}  # (sent, received) bytes per op; others ~200/120
 GPU_BUS = ("1B", "43", "52", "61", "9D", "C3", "D1", "DF")  # a DGX H100's GPU PCI buses
 COLLECTORS = ("gpu", "nfs", "xid", "staging", "storage_network", "gpu_processes")
@@ -322,9 +327,13 @@ class Fleet:
     """Every node's series; render(now) is one exposition. Values are functions of now - epoch, so
     set_epoch() at each backend's start gives every backend the same sequence of values."""
 
-    def __init__(self, nodes: int, gpus: int, nfs_ops: int, seed: int) -> None:
+    def __init__(self, nodes: int, gpus: int, nfs_ops: int, seed: int, every_nfs_series: bool = False) -> None:
         self.nodes, self.gpus = nodes, gpus
-        self.ops = NFS_OPS[:nfs_ops]
+        self.ops: tuple[str, ...] = NFS_OPS[:nfs_ops]
+        self.transport_series = NFS_TRANSPORT_SERIES_ALL
+        if not every_nfs_series:  # as the exporter serves them by default (docs/series-budget.md)
+            self.ops = (*(op for op in self.ops if op in NFS_OPERATIONS), "OTHER")
+            self.transport_series = NFS_TRANSPORT_SERIES
         self.rng = random.Random(seed)
         self.families: dict[str, Family] = {}
         self.epoch = time.time()
@@ -625,15 +634,25 @@ class Fleet:
         for t in range(nconnect):
             tl = f'{{{ml},transport="{t}",protocol="tcp"}}'
             sends = total_ops / nconnect
-            self.counter("gpunode_nfs_transport_sends_total", tl, 1e7, sends)
-            self.counter("gpunode_nfs_transport_receives_total", tl, 1e7, sends)
-            self.const("gpunode_nfs_transport_bad_xids_total", "counter", tl, 0)
-            self.const("gpunode_nfs_transport_connects_total", "counter", tl, 1)
-            self.counter("gpunode_nfs_transport_in_flight_sum_total", tl, 4e7, sends * occupancy, wobble=0.1)
-            self.counter("gpunode_nfs_transport_backlog_sum_total", tl, 0, sends * (40 if saturated else 0))
-            self.counter("gpunode_nfs_transport_sending_sum_total", tl, 0, sends * 0.1)
-            self.counter("gpunode_nfs_transport_pending_sum_total", tl, 1e7, sends * occupancy * 0.9, wobble=0.1)
-            self.const("gpunode_nfs_transport_max_slots", "gauge", tl, max_slots)
+            wanted = self.transport_series
+            if "sends" in wanted:
+                self.counter("gpunode_nfs_transport_sends_total", tl, 1e7, sends)
+            if "receives" in wanted:
+                self.counter("gpunode_nfs_transport_receives_total", tl, 1e7, sends)
+            if "bad_xids" in wanted:
+                self.const("gpunode_nfs_transport_bad_xids_total", "counter", tl, 0)
+            if "connects" in wanted:
+                self.const("gpunode_nfs_transport_connects_total", "counter", tl, 1)
+            if "in_flight_sum" in wanted:
+                self.counter("gpunode_nfs_transport_in_flight_sum_total", tl, 4e7, sends * occupancy, wobble=0.1)
+            if "backlog_sum" in wanted:
+                self.counter("gpunode_nfs_transport_backlog_sum_total", tl, 0, sends * (40 if saturated else 0))
+            if "sending_sum" in wanted:
+                self.counter("gpunode_nfs_transport_sending_sum_total", tl, 0, sends * 0.1)
+            if "pending_sum" in wanted:
+                self.counter("gpunode_nfs_transport_pending_sum_total", tl, 1e7, sends * occupancy * 0.9, wobble=0.1)
+            if "max_slots" in wanted:
+                self.const("gpunode_nfs_transport_max_slots", "gauge", tl, max_slots)
 
     # -- rendering --
 
@@ -1231,6 +1250,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="groups with a longer interval run every --eval-interval here (default 60)")
     p.add_argument("--nfs-ops", type=int, default=len(NFS_OPS),
                    help=f"NFS ops per mount, of NFSv4.2's {len(NFS_OPS)} (default all)")
+    p.add_argument("--every-nfs-series", action="store_true",
+                   help="every NFS operation and transport series (nfs.operations and transport_series: all), "
+                        "not the exporter's default")
     p.add_argument("--backfill", action=argparse.BooleanOptionalAction, default=True,
                    help="write the history a short run lacks into each backend before measuring (default: yes)")
     p.add_argument("--backfill-days", type=float, default=30,
@@ -1268,7 +1290,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"building the fleet: {args.nodes} nodes x {args.gpus} GPUs ...", flush=True)
     t_build = time.perf_counter()
-    fleet = Fleet(args.nodes, args.gpus, args.nfs_ops, args.seed)
+    fleet = Fleet(args.nodes, args.gpus, args.nfs_ops, args.seed, args.every_nfs_series)
     produced = fleet.produces()
     missing = sorted(name for name in reads if name and name not in produced and name not in recorded
                      and name not in ("ALERTS", "ALERTS_FOR_STATE"))
@@ -1282,6 +1304,7 @@ def main(argv: list[str] | None = None) -> int:
         "nodes": args.nodes, "gpus": args.gpus, "warmup_s": args.warmup, "measure_s": args.measure,
         "scrape_interval_s": args.scrape_interval, "eval_interval_s": args.eval_interval,
         "max_group_interval_s": args.max_group_interval, "nfs_ops": args.nfs_ops,
+        "every_nfs_series": args.every_nfs_series,
         "backfill": args.backfill, "backfill_days": args.backfill_days, "seed": args.seed, "target_s": TARGET_SECONDS,
         "rule_files": [p.name for p in rule_files("prometheus")], "rules_sha256": rules_fingerprint(),
         "groups": groups, "metrics_read": {k: v for k, v in sorted(reads.items())},
