@@ -173,7 +173,7 @@ def _listdir(path: Path) -> list[str]:
         return []
 
 
-def _hw_counters(directory: Path, names: Collection[str] | None) -> tuple[dict[str, int], int]:
+def _hw_counters(directory: Path, names: Collection[str] | None = None) -> tuple[dict[str, int], int]:
     """(counters, files that hold no kernel number), of `names` only if given (a scrape reads ~16 of ~30)."""
     counters: dict[str, int] = {}
     malformed = 0
