@@ -16,7 +16,7 @@ from exporter.collector import COLLECTORS, Collector, Context
 from exporter.exposition import Renderer
 from exporter.http import ThreadingHTTPServer, make_handler, make_server, parse_listen_address
 from exporter.netroute import CachedLookup, route_device
-from exporter.rulepack import TARGETS
+from exporter.rulepack import TARGETS, TIERS
 from exporter.scrape import Scraper
 
 PROG = "gpunode-exporter"
@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prometheus, or vmalert (leaves out what vmalert 1.79 rejects) (default: prometheus)")
     render.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
                         help="directory to write the rule files to (default: .)")
-    render.add_argument("--tier", choices=("all", "local", "fleet"), default="all",
+    render.add_argument("--tier", choices=TIERS, default="all",
                         help="all: one server's pack; local: the rules of one node's series, for each "
                              "server scraping a shard; fleet: the rules that compare nodes, on the server "
                              "that receives the local tiers' recordings (docs/scaling.md) (default: all)")

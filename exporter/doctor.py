@@ -18,7 +18,7 @@ from pathlib import Path
 from exporter import config, webconfig
 from exporter.collector import Context
 from exporter.collector.nfs import read_mount_files
-from exporter.collector.storage_network import StorageNetworkCollector
+from exporter.collector.storage_network import storage_interfaces
 from exporter.ethtool import Ethtool
 from exporter.kmsg import KmsgReader
 from exporter.procfs import mountstats
@@ -118,7 +118,7 @@ def _nfs(ctx: Context) -> Iterator[Finding]:
 
 
 def _storage(ctx: Context) -> Iterator[Finding]:
-    devices = StorageNetworkCollector(ctx).storage_interfaces()
+    devices = storage_interfaces(ctx)
     if not devices:
         yield Finding("storage", OK, "no storage interfaces (no route to an NFS server, none in storage.interfaces)")
     ports = net.rdma_ports(ctx.sysfs, ())

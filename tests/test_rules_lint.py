@@ -6,13 +6,14 @@ node_exporter and dcgm-exporter metrics (rules/external-metrics.yaml)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import promql_parser
 import pytest
 import yaml
+
+from exporter.rulepack.tiers import walk
 
 ROOT = Path(__file__).parent.parent
 RULES = ROOT / "rules"
@@ -35,20 +36,6 @@ def _ours() -> dict[str, str]:
 def _external() -> dict[str, str]:
     listed = yaml.safe_load((RULES / "external-metrics.yaml").read_text())
     return {name: kind for metrics in listed.values() for name, kind in metrics.items()}
-
-
-def _children(node: Any) -> Iterator[Any]:
-    for attr in ("lhs", "rhs", "expr", "vector_selector", "param"):
-        child = getattr(node, attr, None)
-        if child is not None and not isinstance(child, int | float | str):
-            yield child
-    yield from getattr(node, "args", None) or []
-
-
-def _walk(node: Any) -> Iterator[Any]:
-    yield node
-    for child in _children(node):
-        yield from _walk(child)
 
 
 def _metric(selector: Any) -> str:
@@ -76,7 +63,7 @@ def test_rules_exist() -> None:
 
 def lint(expr: str, known: dict[str, str]) -> None:
     """AssertionError naming the problem."""
-    for node in _walk(promql_parser.parse(expr)):
+    for node in walk(promql_parser.parse(expr)):
         if isinstance(node, promql_parser.VectorSelector):
             name = _metric(node)
             assert name in known, f"{name}: not produced by us, recorded, or in external-metrics.yaml"

@@ -84,6 +84,14 @@ def _jobs(ports: dict[str, int], shard: int | None) -> list[dict]:
             for job, port in ports.items()]
 
 
+def _firing(url: str) -> set[tuple[str, str]]:
+    """(alertname, instance) of the alerts firing, from Prometheus' or vmalert's /api/v1/alerts
+    (vmalert: null when none, the name beside the labels)."""
+    alerts = requests.get(f"{url}/api/v1/alerts", timeout=5).json()["data"]["alerts"] or []
+    return {(a["labels"].get("alertname", a.get("name")), a["labels"].get("instance", ""))
+            for a in alerts if a["state"] == "firing"}
+
+
 class _Prometheus:
     def __init__(self, name: str, workdir: Path, rules: Path, scrape_configs: list[dict]) -> None:
         self.port = free_port()
@@ -98,8 +106,7 @@ class _Prometheus:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def firing(self) -> set[tuple[str, str]]:
-        alerts = requests.get(f"{self.url}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
-        return {(a["labels"]["alertname"], a["labels"].get("instance", "")) for a in alerts if a["state"] == "firing"}
+        return _firing(self.url)
 
     def instances(self) -> set[str]:
         result = requests.get(f"{self.url}/api/v1/query", params={"query": "up"}, timeout=5).json()["data"]["result"]
@@ -183,10 +190,8 @@ class _Process:
         self.proc = subprocess.Popen([*argv, f"-httpListenAddr=127.0.0.1:{self.port}"], stdout=self.log,
                                      stderr=subprocess.STDOUT)
 
-    def firing(self) -> set[tuple[str, str]]:  # vmalert's
-        alerts = requests.get(f"{self.url}/api/v1/alerts", timeout=5).json()["data"]["alerts"] or []
-        return {(a["labels"].get("alertname", a["name"]), a["labels"].get("instance", ""))
-                for a in alerts if a["state"] == "firing"}
+    def firing(self) -> set[tuple[str, str]]:
+        return _firing(self.url)
 
     def stop(self) -> None:
         self.proc.terminate()

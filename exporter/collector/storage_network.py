@@ -38,6 +38,23 @@ PARSE_ERRORS = MetricSpec("gpunode_storage_network_parse_errors_total", "counter
                           "64 bits), counted on every read that saw one; that counter alone is left out.")
 
 
+def storage_interfaces(ctx: Context) -> dict[str, str]:
+    """{device: source}: interfaces routing to NFS servers, then those configured."""
+    found: dict[str, str] = {}
+    try:
+        _, text = read_own_or_init(ctx.procfs, "mountinfo")
+    except OSError as err:
+        log.debug("no mountinfo: %s", err)
+        text = ""
+    for address in sorted(set(mountinfo.nfs_server_addresses(text).values())):
+        device = ctx.route_lookup(address)
+        if device:
+            found.setdefault(device, "nfs_route")
+    for device in ctx.config.storage.interfaces:
+        found.setdefault(device, "config")
+    return found
+
+
 @register
 class StorageNetworkCollector(Collector):
     name = "storage_network"
@@ -50,24 +67,8 @@ class StorageNetworkCollector(Collector):
         self._problems = Problems()  # ethtool errors per device
         self._parse_errors = 0
 
-    def storage_interfaces(self) -> dict[str, str]:
-        """{device: source}: interfaces routing to NFS servers, then those configured."""
-        found: dict[str, str] = {}
-        try:
-            _, text = read_own_or_init(self.ctx.procfs, "mountinfo")
-        except OSError as err:
-            log.debug("no mountinfo: %s", err)
-            text = ""
-        for address in sorted(set(mountinfo.nfs_server_addresses(text).values())):
-            device = self.ctx.route_lookup(address)
-            if device:
-                found.setdefault(device, "nfs_route")
-        for device in self.ctx.config.storage.interfaces:
-            found.setdefault(device, "config")
-        return found
-
     def collect(self) -> Iterator[Family]:
-        storage = self.storage_interfaces()
+        storage = storage_interfaces(self.ctx)
         ports = net.rdma_ports(self.ctx.sysfs, RDMA_COUNTERS)
         interfaces, speed = STORAGE_INTERFACE.family(), LINK_SPEED.family()
         for device, source in storage.items():

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import jinja2
 
 TARGETS = ("prometheus", "vmalert")
+TIERS = ("all", "local", "fleet")  # rules render --tier: the whole pack, or one tier (tiers.py)
 _PACKAGE = resources.files(__package__)
 
 

@@ -14,21 +14,21 @@ one: tests/test_rule_tiers.py checks that the fleet tier reads nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import yaml
 
-TIERS = ("all", "local", "fleet")
 
-
-def _nodes(node: Any) -> Any:
+def walk(node: Any) -> Iterator[Any]:
+    """Every node of a parsed PromQL expression (promql_parser), depth first."""
     yield node
     for attr in ("lhs", "rhs", "expr", "vector_selector", "param"):
         child = getattr(node, attr, None)
         if child is not None and not isinstance(child, int | float | str):
-            yield from _nodes(child)
+            yield from walk(child)
     for arg in getattr(node, "args", None) or []:
-        yield from _nodes(arg)
+        yield from walk(arg)
 
 
 def analyse(expr: str, node_label: str) -> tuple[set[str], bool]:
@@ -37,7 +37,7 @@ def analyse(expr: str, node_label: str) -> tuple[set[str], bool]:
 
     names: set[str] = set()
     across = False
-    for node in _nodes(pp.parse(expr)):
+    for node in walk(pp.parse(expr)):
         if isinstance(node, pp.VectorSelector):
             names.add(node.name or next(m.value for m in node.matchers.matchers if m.name == "__name__"))
         elif isinstance(node, pp.AggregateExpr):
@@ -64,12 +64,12 @@ def fleet_rules(files: dict[str, str], node_label: str) -> set[str]:
         fleet |= more
 
 
-class _Literal(str):
-    """A multi-line expression or description, written as a YAML block."""
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (expressions, descriptions) as YAML blocks, as the templates write them."""
 
 
-def _literal(dumper: yaml.SafeDumper, value: _Literal) -> Any:
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
+_Dumper.add_representer(str, lambda dumper, value: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None))
 
 
 def split(files: dict[str, str], tier: str, node_label: str) -> dict[str, str]:
@@ -78,8 +78,6 @@ def split(files: dict[str, str], tier: str, node_label: str) -> dict[str, str]:
     if tier == "all":
         return files
     fleet = fleet_rules(files, node_label)
-    dumper = type("Dumper", (yaml.SafeDumper,), {})
-    dumper.add_representer(_Literal, _literal)
     out = {}
     for name, text in files.items():
         groups = []
@@ -87,16 +85,12 @@ def split(files: dict[str, str], tier: str, node_label: str) -> dict[str, str]:
             rules = [rule for rule in group["rules"]
                      if ((rule.get("record") or rule["alert"]) in fleet) == (tier == "fleet")]
             if rules:
-                for rule in rules:
-                    for key, value in [*rule.items(), *rule.get("annotations", {}).items()]:
-                        if isinstance(value, str) and "\n" in value:
-                            (rule if key in rule else rule["annotations"])[key] = _Literal(value)
                 kept = {**group, "rules": rules}
                 if tier == "fleet":
                     kept["name"] = f"{group['name']}-fleet"
                 groups.append(kept)
         if groups:
             header = text.split("\n", 1)[0] + f" Tier: {tier} (docs/scaling.md).\n"
-            body = yaml.dump({"groups": groups}, Dumper=dumper, sort_keys=False, width=10_000, allow_unicode=True)
+            body = yaml.dump({"groups": groups}, Dumper=_Dumper, sort_keys=False, width=10_000, allow_unicode=True)
             out[name.replace(".rules.yml", f".{tier}.rules.yml")] = header + body
     return out
