@@ -1,34 +1,47 @@
 #!/usr/bin/env python3
 """Rule pack evaluation cost at 1,000 nodes x 8 GPUs: Prometheus 2.42 vs VictoriaMetrics + vmalert.
 
-    python benchmarks/rules_eval.py [--nodes 1000] [--gpus 8] [--warmup 300] [--measure 180]
+    python benchmarks/rules_eval.py [--nodes 1000] [--warmup 300] [--measure 180]
+    python benchmarks/rules_eval.py --tier fleet --nodes 10000   # the fleet tier, after a run as above
     python benchmarks/rules_eval.py --warmup 60 --measure 60 --nodes 100     # a quick look
 
-A synthetic fleet (this script's own stdlib HTTP server) serves ONE exposition with every
-node's series, `instance` and `job` set on each series (scraped with honor_labels), as
-gpunode-exporter (job="gpunode"), node_exporter (job="node") and dcgm-exporter (job="dcgm")
-would serve them: the label sets of tests/golden/*.prom and README's metric table, counters
-that rise between scrapes, a few percent of nodes deviating (Xids, lost GPUs, degraded
-links, remaps, precursor and fail-slow outliers, NFS slot saturation, a checkpoint load) so
-that the alerts have work. Every metric the rule files read is found by parsing their
-expressions (promql_parser); the run warns about any the generator does not produce.
+A synthetic fleet holds every node's series as gpunode-exporter (job="gpunode"), node_exporter
+(job="node") and dcgm-exporter (job="dcgm") would serve them at the reference node's size
+(docs/series-budget.md: 8 GPUs, 4 NFSv4.2 mounts with nconnect=8): the label sets of
+tests/golden/*.prom and README's metric table, counters that rise, nodes in training jobs of
+8-128 nodes (gpunode_node_workload_info, so the peer rules compare real groups), a few percent
+of nodes deviating (Xids, lost GPUs, degraded links, remaps, precursor and fail-slow outliers,
+NFS slot saturation, a checkpoint load, nodes out of service) so that the alerts have work.
+Every metric the rule files read is found by parsing their expressions (promql_parser); the
+run warns about any the generator does not produce.
 
-Then, one after the other on identical input and for the same durations (2 CPUs: never
-both at once), each backend scrapes it every --scrape-interval with the rule pack loaded:
+Then, one after the other on identical input (2 CPUs: never both at once), each backend with
+the rule pack loaded:
 
 * Prometheus (/usr/bin/prometheus) with rules/prometheus/*.yml;
-* VictoriaMetrics single-node (/usr/bin/victoria-metrics) scraping, /usr/bin/vmalert
-  evaluating rules/vmalert/*.yml against it and writing recordings back to it.
+* VictoriaMetrics single-node (/usr/bin/victoria-metrics), /usr/bin/vmalert evaluating
+  rules/vmalert/*.yml against it and writing recordings back to it.
 
-After --warmup (rate windows fill; long-window inputs are backfilled, see --backfill-days)
-every group evaluation during --measure is recorded: Prometheus' /api/v1/rules
-(evaluationTime, the value of prometheus_rule_group_last_duration_seconds, per group and
-rule) and vmalert's vmalert_iteration_duration_seconds (per-evaluation durations from the
-summary's _sum/_count deltas, and its own quantiles). Also: iterations missed, backend CPU
-and RSS, series in the TSDB, samples per scrape, the series each recorded metric adds, the
-alerts that fire. Groups with an interval longer than --max-group-interval (the hourly
-remap trend and Xid history) run at the evaluation interval here, or they would not be
-evaluated at all in a few minutes; the report says which.
+--input prewritten (the default): before the rules start, every sample from a few minutes
+back (as far as the rules read a raw series) to past the end of the measurement is written by
+remote write, so that while measured the backend only evaluates rules: no generator, no
+scrape. --input scrape: the backend scrapes this script's HTTP server every
+--scrape-interval throughout, as a server in service scrapes its nodes.
+
+--tier local|fleet: the pack's tiers (docs/scaling.md) instead of the single-server pack. An
+all or local run saves what the fleet tier reads (the local recordings at the end of the
+first backend's measurement) to --fleet-inputs; a fleet run copies it to --nodes nodes (each
+copy its own nodes and jobs) and writes it, one sample per evaluation interval.
+
+After --warmup (long-window inputs are backfilled, see --backfill-days) every group
+evaluation during --measure is recorded: Prometheus' /api/v1/rules (evaluationTime, the value
+of prometheus_rule_group_last_duration_seconds, per group and rule) and vmalert's
+vmalert_iteration_duration_seconds (per-evaluation durations from the summary's _sum/_count
+deltas, and its own quantiles). Also: iterations missed, backend CPU and RSS, series in the
+TSDB, the series each recorded metric adds, the alerts that fire. Groups with an interval
+longer than --max-group-interval (the hourly remap trend and Xid history) run at the
+evaluation interval here, or they would not be evaluated at all in a few minutes; the report
+says which.
 
 Results: a table on stdout and benchmarks/results/rules_eval.json.
 """
@@ -39,13 +52,16 @@ import argparse
 import contextlib
 import ctypes
 import datetime
+import gzip
 import hashlib
 import http.server
+import json
 import math
 import os
 import platform
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,10 +69,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import promql_parser
 import requests
 import yaml
@@ -77,6 +95,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import NFS_OPERATIONS, NFS_TRANSPORT_SERIES, NFS_TRANSPORT_SERIES_ALL
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, for fleet/
+from fleet import remote_write
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results" / "rules_eval.json"
@@ -87,6 +108,8 @@ VICTORIA = "/usr/bin/victoria-metrics"
 VMALERT = "/usr/bin/vmalert"
 TARGET_SECONDS = 1.0  # the target: every group under 1 s per evaluation
 POLL_SECONDS = 5.0
+PREWRITE_SLICE = 900.0  # seconds of every series per pass
+PREWRITE_LEAD = 360.0  # seconds of input before the rules start: full 5 min windows at the first evaluation
 TAU = 2 * math.pi
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -119,8 +142,24 @@ def _seconds(text: str | None, default: float) -> float:
     return total
 
 
+RULE_DIRS = {"prometheus": RULES / "prometheus", "vmalert": RULES / "vmalert"}  # --tier local|fleet: rendered
+
+
 def rule_files(target: str) -> list[Path]:
-    return sorted((RULES / target).glob("*.yml"))
+    return sorted(RULE_DIRS[target].glob("*.yml"))
+
+
+def render_tier(tier: str, dest: Path) -> dict[str, Path]:
+    """The pack's tier per target, rendered by the CLI (the committed files are the `all` tier)."""
+    dirs = {}
+    for target in RULE_DIRS:
+        dirs[target] = dest / tier / target
+        run = subprocess.run([sys.executable, "-m", "exporter", "rules", "render", "--target", target,
+                              "--tier", tier, "--out", str(dirs[target])], capture_output=True, text=True,
+                             check=False, cwd=ROOT)
+        if run.returncode:
+            raise BenchError(f"rules render --tier {tier} failed: {run.stderr[-500:]}")
+    return dirs
 
 
 UNREADABLE: dict[str, str] = {}  # rule file -> why it could not be read (warned once)
@@ -149,7 +188,7 @@ def rules_fingerprint() -> str:
 
 def file_key(path: str | Path) -> str:
     """A rule file's name without the target: vmalert's xid.vmalert.rules.yml is xid.rules.yml."""
-    return Path(path).name.replace(".vmalert.rules.yml", ".rules.yml")
+    return Path(path).name.replace(".vmalert.", ".")
 
 def load_groups(target: str, default_interval: float) -> list[Group]:
     groups = []
@@ -199,13 +238,13 @@ def selectors(node: Any, reach: float = 0.0) -> Iterator[tuple[str, float]]:
         yield from selectors(child, reach)
 
 
-def rule_reads(target: str) -> tuple[dict[str, float], set[str], list[str]]:
+def rule_reads(target: str, files: list[Path] | None = None) -> tuple[dict[str, float], set[str], list[str]]:
     """Metric name -> farthest back any rule reads it (range + offset, s); recorded names; expressions
     that fail to parse."""
     reads: dict[str, float] = {}
     recorded: set[str] = set()
     bad = []
-    for path in rule_files(target):
+    for path in rule_files(target) if files is None else files:
         for g in rule_groups(path):
             for rule in g.get("rules") or []:
                 if "record" in rule:
@@ -305,9 +344,17 @@ XID_ACTIONS = (("79", "RESTART_BM"), ("94", "RESTART_APP"), ("48", "WORKFLOW_XID
 ROLES = {"node_down": 0.001, "exporter_down": 0.002, "gpu_lost": 0.003, "pcie_width": 0.005, "pcie_gen": 0.005,
          "xid_history": 0.04, "xid_live": 0.01, "recovery_action": 0.003, "kmsg_lost": 0.002,
          "collector_failing": 0.003, "precursor": 0.02, "failslow": 0.02, "nfs_slots": 0.02, "nfs_timeouts": 0.005,
-         "nfs_paradox": 0.01, "checkpoint_load": 0.01}
+         "nfs_paradox": 0.01, "checkpoint_load": 0.01, "out_of_service": 0.005}
 GPU_ROLES = {"remap_correctable": 0.03, "remap_uncorrectable": 0.005, "remap_pending": 0.003,
              "remap_failure": 0.001, "remap_accelerating": 0.001}
+JOB_NODES = (8, 16, 32, 64, 128)  # nodes per training job; the jobs take ~90 % of the nodes, the rest idle
+# The reference node's 4 NFSv4.2 mounts with nconnect=8 (docs/series-budget.md): (mountpoint,
+# export, server, device, nconnect, 0 for the checkpoint mount's rates or 1 for the others').
+NFS_MOUNTS = (("/mnt/ckpt", "stor-a.example:/ckpt", "10.20.0.5", "enp64s0np0", 8, 0),
+              ("/mnt/datasets", "stor-b.example:/datasets", "10.20.0.6", "enp64s0np0", 8, 1),
+              ("/mnt/scratch", "stor-b.example:/scratch", "10.20.0.6", "enp64s0np0", 8, 1),
+              ("/home", "home-nas.example:/export/home", "10.10.0.9", "eno1", 8, 1))
+NFS_MOUNTS_BEFORE = (NFS_MOUNTS[0], (*NFS_MOUNTS[3][:4], 1, 1))  # --nfs-mounts 2: the earlier runs' input
 CHECKPOINT = (900.0, 120.0, 240.0)  # every node saves every 15 min for 2 min, the first 4 min after the start
 
 # Series kinds; each dynamic series is (prefix, kind, a, b, c, d, e, integer).
@@ -327,8 +374,9 @@ class Fleet:
     """Every node's series; render(now) is one exposition. Values are functions of now - epoch, so
     set_epoch() at each backend's start gives every backend the same sequence of values."""
 
-    def __init__(self, nodes: int, gpus: int, nfs_ops: int, seed: int, every_nfs_series: bool = False) -> None:
-        self.nodes, self.gpus = nodes, gpus
+    def __init__(self, nodes: int, gpus: int, nfs_ops: int, seed: int, every_nfs_series: bool = False,
+                 nfs_mounts: int = 4) -> None:
+        self.nodes, self.gpus, self.nfs_mounts = nodes, gpus, nfs_mounts
         self.ops: tuple[str, ...] = NFS_OPS[:nfs_ops]
         self.transport_series = NFS_TRANSPORT_SERIES_ALL
         if not every_nfs_series:  # as the exporter serves them by default (docs/series-budget.md)
@@ -342,6 +390,7 @@ class Fleet:
         n_gpus = nodes * gpus
         self.gpu_roles = {role: set(self.rng.sample(range(n_gpus), max(1, round(share * n_gpus))))
                           for role, share in GPU_ROLES.items()}
+        self.workload = self._jobs(nodes)
         for node in range(nodes):
             self._node(node)
         for fam in self.families.values():
@@ -349,6 +398,18 @@ class Fleet:
             fam.static = []
         self.series = sum(len(f.static_bytes.splitlines()) + len(f.dynamic) for f in self.families.values())
         self.dynamic_series = sum(len(f.dynamic) for f in self.families.values())
+
+    def _jobs(self, nodes: int) -> dict[int, str]:
+        """node -> its training job (the rules' peer groups); idle nodes have none."""
+        order = list(range(nodes))
+        self.rng.shuffle(order)
+        out: dict[int, str] = {}
+        job = 0
+        while len(out) < 0.9 * nodes:
+            size = min(self.rng.choice(JOB_NODES), max(1, nodes // 4))
+            out.update((n, f"train-{job:04d}") for n in order[len(out):len(out) + size])
+            job += 1
+        return out
 
     # -- adding series --
 
@@ -403,6 +464,8 @@ class Fleet:
             self.const("up", "gauge", f'{{instance="{host}",job="{job}"}}', value)
         if down:
             return
+        if "out_of_service" in roles:  # node_exporter's textfile metric, set by a drain hook
+            self.const("node_out_of_service", "gauge", f'{{instance="{host}",job="node"}}', 1)
         jitter = rng.uniform(0.95, 1.05)
         uuids = [f"GPU-{n:08x}-{g:04x}-4000-8000-{n * self.gpus + g:012x}" for g in range(self.gpus)]
         lost_gpu = rng.randrange(self.gpus) if "gpu_lost" in roles else -1
@@ -423,23 +486,26 @@ class Fleet:
                   0.5 if "procs_running" in precursor else 4, integer=True)
         self.counter("node_vmstat_pgpgout", lab, 9e8 * jitter,
                      3000 * jitter * (25 if "pgpgout" in precursor else 1))
-        slow_net = 0.75 if "failslow" in roles else 1.0
+        # A job's healthy nodes move their traffic within ~1 % of each other, steadily (the
+        # fail-slow proxies network and rdma); the wider jitter and wobble of the other counters
+        # put a tenth of them 4 % below their peers, raising GpuNodeFailSlow on 13 % of the nodes.
+        slow_net = (0.75 if "failslow" in roles else 1.0) * rng.uniform(0.99, 1.01) / jitter
         for dev in NET_DEVICES:
             dl = f'{{{base},device="{dev}"}}'
             if dev == "enp64s0np0":  # the storage NIC: checkpoint saves go out here
                 low = 0.05 if "nfs_paradox" in roles else 1.0
-                self.counter("node_network_receive_bytes_total", dl, 3e12, 6e7 * jitter * low * slow_net)
+                self.counter("node_network_receive_bytes_total", dl, 3e12, 6e7 * jitter * low * slow_net, wobble=0.02)
                 self.phased("node_network_transmit_bytes_total", dl, 5e12, 2e7 * jitter * low * slow_net,
                             0 if "nfs_paradox" in roles else 2e9)
                 continue
             rate = {"lo": 1e5, "eno1": 2e6, "docker0": 1e4}.get(dev, 5e4 if dev.startswith("veth") else 4e6)
-            self.counter("node_network_receive_bytes_total", dl, 1e10, rate * jitter * slow_net)
-            self.counter("node_network_transmit_bytes_total", dl, 1e10, rate * jitter * slow_net)
+            self.counter("node_network_receive_bytes_total", dl, 1e10, rate * jitter * slow_net, wobble=0.02)
+            self.counter("node_network_transmit_bytes_total", dl, 1e10, rate * jitter * slow_net, wobble=0.02)
         for i, dev in enumerate(IB_PORTS):
             dl = f'{{{base},device="{dev}",port="1"}}'
             rate = (5e9 if i < 8 else 1e8) * jitter * slow_net
-            self.counter("node_infiniband_port_data_received_bytes_total", dl, 4e14, rate)
-            self.counter("node_infiniband_port_data_transmitted_bytes_total", dl, 4e14, rate)
+            self.counter("node_infiniband_port_data_received_bytes_total", dl, 4e14, rate, wobble=0.02)
+            self.counter("node_infiniband_port_data_transmitted_bytes_total", dl, 4e14, rate, wobble=0.02)
 
         # dcgm-exporter
         base = f'instance="{host}",job="dcgm"'
@@ -468,6 +534,9 @@ class Fleet:
         rng = self.rng
         base = f'instance="{host}",job="gpunode"'
         lab = "{" + base + "}"
+        if n in self.workload:
+            self.const("gpunode_node_workload_info", "gauge",
+                       f'{{{base},source="slurm",workload="{self.workload[n]}"}}', 1)
         self.const("gpunode_exporter_build_info", "gauge", f'{{{base},python_version="3.11.2",version="0.1.0"}}', 1)
         for c in COLLECTORS:
             ok = 0 if c == "nfs" and "collector_failing" in roles else 1
@@ -541,8 +610,7 @@ class Fleet:
                 self.step_time("gpunode_xid_last_event_timestamp_seconds", xl, before, period, first)
 
         # nfs
-        mounts = (("/mnt/ckpt", "stor-a.example:/ckpt", "10.20.0.5", "enp64s0np0", 8, 0),
-                  ("/home", "home-nas.example:/export/home", "10.10.0.9", "eno1", 1, 1))
+        mounts = NFS_MOUNTS if self.nfs_mounts == 4 else NFS_MOUNTS_BEFORE
         self.const("gpunode_nfs_slot_table_limit", "gauge", f'{{{base},protocol="tcp"}}', 65536)
         self.const("gpunode_nfs_parse_errors_total", "counter", lab, 0)
         if "collector_failing" not in roles:
@@ -687,6 +755,76 @@ class Fleet:
                 out.append(f"{prefix}{int(v) if integer else f'{v:.4f}'}\n")
             chunks.append("".join(out).encode())
         return b"".join(chunks)
+
+    def matrix(self, fam: Family, times: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+        """One family's series over times (unix seconds), as render() would give them there:
+        (remote-write labels per series, values series x times)."""
+        labels, rows = [], []
+        for line in fam.static_bytes.decode().splitlines():
+            prefix, _, value = line.rpartition(" ")
+            labels.append(_labels(prefix))
+            rows.append(np.full(times.size, float(value)))
+        if fam.dynamic:
+            p = np.array([(*item[2:5], item[5]) for item in fam.dynamic], dtype=float)
+            kind = np.array([item[1] for item in fam.dynamic])
+            e = np.array([item[6][1] if item[1] == PHASED else item[6] for item in fam.dynamic], dtype=float)[:, None]
+            length = np.array([item[6][0] if item[1] == PHASED else 0.0 for item in fam.dynamic])[:, None]
+            a, b, c, d = (p[:, i:i + 1] for i in range(4))
+            dt = (times - self.epoch)[None, :]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                linear = a + b * dt + np.where(c > 0, b * c * d / TAU * (np.sin(TAU * dt / d + e) - np.sin(e)), 0.0)
+                wave = a + b * np.sin(TAU * dt / d + e)
+                full, rem = np.divmod(dt + e, d)
+                phased = a + b * dt + c * (full * length + np.minimum(rem, length))
+                later = dt >= e
+                steps = a + np.where(later, 1 + np.floor((dt - e) / d), 0.0)
+                steptime = self.epoch + np.where(later, e + np.floor((dt - e) / d) * d, a)
+            k = kind[:, None]
+            v = np.select([k == LINEAR, k == WAVE, k == PHASED, k == STEPS], [linear, wave, phased, steps], steptime)
+            integer = np.array([item[7] for item in fam.dynamic])[:, None]
+            rows.extend(np.where(integer, np.trunc(v), np.round(v, 4)))
+            labels.extend(_labels(item[0].rstrip()) for item in fam.dynamic)
+        return labels, np.vstack(rows) if rows else np.empty((0, times.size))
+
+
+class Recordings(Fleet):
+    """The fleet tier's input for `nodes` nodes: what it read at the end of an earlier run's
+    measurement (the local tier's recordings of source_nodes nodes, the out-of-service marker),
+    copied with the node (`instance`) and its job (`workload`) renamed, so that every copy is
+    its own set of nodes and peer groups; each value held over time."""
+
+    def __init__(self, snapshot: dict[str, Any], nodes: int) -> None:
+        self.nodes, self.gpus, self.families, self.epoch = nodes, 0, {}, time.time()
+        self.roles, self.gpu_roles, self.workload = {}, {}, {}
+        source = snapshot["nodes"]
+        self.copies = max(1, round(nodes / source))
+        for copy in range(self.copies):
+            for name, items in snapshot["series"].items():
+                for labels, value in items:
+                    labels = {k: (f"{v}-{copy}" if copy and k in ("instance", "workload") and v else v)
+                              for k, v in labels.items() if k != "__name__"}
+                    text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+                    self.const(name, "gauge", f"{{{text}}}", value)
+        for fam in self.families.values():
+            fam.static_bytes = "".join(fam.static).encode()
+            fam.static = []
+        self.series = sum(len(f.static_bytes.splitlines()) for f in self.families.values())
+        self.dynamic_series = 0
+
+
+def snapshot_inputs(backend: Backend, names: set[str], nodes: int, path: Path) -> int:
+    """What the fleet tier reads, as the backend holds it now: the input of a later --tier fleet run."""
+    series = {name: [(r["metric"], float(r["value"][1])) for r in backend.query(f'{{__name__="{name}"}}')]
+              for name in sorted(names)}
+    with gzip.open(path, "wt") as f:
+        json.dump({"nodes": nodes, "taken": time.time(), "backend": backend.key, "series": series}, f)
+    return sum(len(v) for v in series.values())
+
+
+def _labels(text: str) -> bytes:
+    """`name{k="v",...}` -> remote write labels (the generator's values need no unescaping)."""
+    name, _, rest = text.partition("{")
+    return remote_write.labels_bytes([("__name__", name), *re.findall(r'(\w+)="([^"]*)"', rest)])
 
 
 class Generator:
@@ -851,23 +989,38 @@ class PrometheusBackend(Backend):
     label = "Prometheus"
 
     def start(self) -> None:
-        rules = self.tmp / "rules-prometheus"
-        self.overridden, self.rejected = copy_rules("prometheus", rules, self.args.max_group_interval,
+        self.rules = self.tmp / "rules-prometheus"
+        self.overridden, self.rejected = copy_rules("prometheus", self.rules, self.args.max_group_interval,
                                                     self.args.eval_interval)
-        config = self.tmp / "prometheus.yml"
-        extra = f"  evaluation_interval: {self.args.eval_interval}s\nrule_files:\n  - {rules}/*.yml\n"
-        config.write_text(scrape_config(self.gen, self.args, extra))
+        self.config = self.tmp / "prometheus.yml"
+        self.config.write_text(self._config(rules=False))
         self.data = self.tmp / "prometheus-data"
         port = free_port()
         p = ServerProcess("prometheus", f"Prometheus ({PROMETHEUS})", [
-            PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={self.data}",
-            f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=90d"],
+            PROMETHEUS, f"--config.file={self.config}", f"--storage.tsdb.path={self.data}",
+            f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=90d",
+            "--web.enable-remote-write-receiver", "--web.enable-lifecycle"],
             port, self.tmp / "prometheus.log")
         self.procs.append(p)
         p.start(die_with_parent)
-        self.started = time.time()
         wait_http(f"http://127.0.0.1:{port}/-/ready", p)
         self.url = f"http://127.0.0.1:{port}"
+        self.write_url = f"{self.url}/api/v1/write"
+
+    def _config(self, rules: bool) -> str:
+        extra = (f"  evaluation_interval: {self.args.eval_interval}s\nrule_files:\n  - {self.rules}/*.yml\n"
+                 if rules else "")
+        if self.args.input == "scrape":
+            return scrape_config(self.gen, self.args, extra)
+        return "global:\n" + (extra or "  evaluation_interval: 1h\n")
+
+    def load_rules(self) -> None:
+        self.config.write_text(self._config(rules=True))
+        requests.post(f"{self.url}/-/reload", timeout=60).raise_for_status()
+        self.started = time.time()
+        groups = requests.get(f"{self.url}/api/v1/rules", timeout=30).json()["data"]["groups"]
+        if not groups:
+            raise BenchError("Prometheus loaded no rule groups on reload")
 
     @property
     def query_url(self) -> str:
@@ -909,28 +1062,37 @@ class VictoriaBackend(Backend):
     label = "VictoriaMetrics + vmalert"
 
     def start(self) -> None:
-        rules = self.tmp / "rules-vmalert"
-        self.overridden, self.rejected = copy_rules("vmalert", rules, self.args.max_group_interval,
+        self.rules = self.tmp / "rules-vmalert"
+        self.overridden, self.rejected = copy_rules("vmalert", self.rules, self.args.max_group_interval,
                                                     self.args.eval_interval)
-        config = self.tmp / "vm-scrape.yml"
-        config.write_text(scrape_config(self.gen, self.args).replace(
-            "    honor_labels: true\n", "    honor_labels: true\n    stream_parse: true\n"))
-        port, alert_port = free_port(), free_port()
+        scrape = []
+        if self.args.input == "scrape":
+            config = self.tmp / "vm-scrape.yml"
+            config.write_text(scrape_config(self.gen, self.args).replace(
+                "    honor_labels: true\n", "    honor_labels: true\n    stream_parse: true\n"))
+            scrape = [f"-promscrape.config={config}", "-promscrape.maxScrapeSize=2GiB"]
+        port = free_port()
         vm = ServerProcess("victoria-metrics", f"VictoriaMetrics ({VICTORIA})", [
             VICTORIA, f"-storageDataPath={self.tmp / 'vm-data'}", f"-httpListenAddr=127.0.0.1:{port}",
-            f"-promscrape.config={config}", "-promscrape.maxScrapeSize=2GiB", "-retentionPeriod=90d"],
+            # the report counts every recorded series (over 300,000 at 1,000 reference nodes)
+            *scrape, "-retentionPeriod=90d", "-search.maxUniqueTimeseries=5000000"],
             port, self.tmp / "victoria-metrics.log")
         self.procs.append(vm)
         vm.start(die_with_parent)
-        self.started = time.time()
         self.url = f"http://127.0.0.1:{port}"
+        self.write_url = f"{self.url}/api/v1/write"
         wait_http(f"{self.url}/health", vm)
+
+    def load_rules(self) -> None:
+        requests.get(f"{self.url}/internal/force_flush", timeout=60)  # the input searchable before the first rule
+        alert_port = free_port()
         va = ServerProcess("vmalert", f"vmalert ({VMALERT})", [
-            VMALERT, f"-rule={rules}/*.yml", f"-datasource.url={self.url}", f"-remoteWrite.url={self.url}",
+            VMALERT, f"-rule={self.rules}/*.yml", f"-datasource.url={self.url}", f"-remoteWrite.url={self.url}",
             f"-notifier.url=http://127.0.0.1:{self.gen.port}", f"-evaluationInterval={self.args.eval_interval}s",
             f"-httpListenAddr=127.0.0.1:{alert_port}"], alert_port, self.tmp / "vmalert.log")
         self.procs.append(va)
         va.start(die_with_parent)
+        self.started = time.time()
         self.alert_url = f"http://127.0.0.1:{alert_port}"
         wait_http(f"{self.alert_url}/health", va)
         self._prev: dict[str, tuple[float, float]] = {}
@@ -1032,41 +1194,94 @@ def backfill_plan(reads: dict[str, float], recorded: set[str], args: argparse.Na
     return plan
 
 
-def do_backfill(backend: Backend, plan: dict[str, dict[str, Any]], tier: str, t0: float) -> dict[str, Any]:
+def do_backfill(backend: Backend, plan: dict[str, dict[str, Any]], tier: str, end: float) -> dict[str, Any]:
     """Each planned metric's series as the backend holds them now (the smallest value seen in the
-    last 10 min: a counter's earliest, so the history does not look like a reset), written before
-    t0 (before the raw tier's history, for the long tier)."""
+    last 10 min: a counter's earliest, so the history does not look like a reset), up to end."""
     out: dict[str, Any] = {}
     start = time.perf_counter()
-    raw_span = max((p["span_s"] for p in plan.values() if p["tier"] == "raw"), default=0.0)
     for name, p in plan.items():
         if p["tier"] != tier:
             continue
         found = [(r["metric"], float(r["value"][1]))
                  for r in backend.query(f'min_over_time({{__name__="{name}"}}[10m])')]
-        end = t0 - 60 - (raw_span if tier == "long" else 0.0)
         points = backend.backfill({name: found}, end - p["span_s"], end, p["step_s"]) if found else 0
         out[name] = {**p, "series": len(found), "samples": points}
     out["_seconds"] = round(time.perf_counter() - start, 1)
     return out
 
 
+def prewrite(backend: Backend, fleet: Fleet, plan: dict[str, dict[str, Any]],
+             args: argparse.Namespace) -> dict[str, Any]:
+    """Every series of the fleet, every scrape interval, from its lead before now (the 5 min
+    windows, or the raw tier's reach) to past the end of the measurement, by remote write: the
+    backend then only evaluates rules while it is measured. Samples after an evaluation's time
+    are never read by it."""
+    began = time.time()
+    step = float(args.eval_interval if args.tier == "fleet" else args.scrape_interval)  # recordings: per evaluation
+    until = began + args.write_allowance + args.warmup + args.measure + 60
+    lead = {name: max(PREWRITE_LEAD, p["span_s"]) for name, p in plan.items() if p["tier"] == "raw"}
+    fleet.epoch = began - max([PREWRITE_LEAD, *lead.values()])  # counters start at their base here
+    series = samples = 0
+    session = requests.Session()
+    first = {name: math.ceil((began - lead.get(name, PREWRITE_LEAD)) / step) * step for name in fleet.families}
+    # In time order, a slice of every series at a time: Prometheus' head takes no sample older
+    # than an hour before the newest it holds.
+    slices = np.arange(min(first.values()), until, PREWRITE_SLICE)
+    seen: set[str] = set()
+    with ThreadPoolExecutor(1) as pool:  # one request in flight while the next is encoded
+        pending: Future[None] | None = None
+        for since in slices:
+            for fam in fleet.families.values():
+                times = np.arange(max(first[fam.name], since), min(since + PREWRITE_SLICE, until), step)
+                if not times.size:
+                    continue
+                labels, values = fleet.matrix(fam, times)
+                if fam.name not in seen:
+                    seen.add(fam.name)
+                    series += len(labels)
+                samples += values.size
+                for request in remote_write.batches(remote_write.encode(labels, values, np.round(times * 1000))):
+                    if pending is not None:
+                        pending.result()
+                    pending = pool.submit(remote_write.post, session, backend.write_url, request)
+        if pending is not None:
+            pending.result()
+    seconds = time.time() - began
+    if seconds > args.write_allowance:
+        raise BenchError(f"{backend.label}: writing the input took {seconds:.0f} s, more than --write-allowance "
+                         f"{args.write_allowance:g} s: the input would end before the measurement does")
+    print(f"  {backend.label}: wrote {series:,} series, {samples:,} samples in {seconds:.0f} s", flush=True)
+    return {"series": series, "samples": samples, "seconds": round(seconds, 1), "until_s_after_write": until - began,
+            "lead_s": {"default": PREWRITE_LEAD, **lead}}
+
+
 def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recorded: set[str],
                 args: argparse.Namespace) -> dict[str, Any]:
-    gen.fleet.epoch = time.time()  # every backend sees the same values, relative to its start
     renders_before = len(gen.renders)
     posts_before = gen.posts
-    backend.start()
-    t0 = backend.started
-    print(f"  {backend.label}: started; warm-up {args.warmup:g} s", flush=True)
-    out: dict[str, Any] = {"label": backend.label, "groups_interval_overridden": backend.overridden,
-                           "rule_files_rejected": backend.rejected,
-                           "executables": {p.key: p.exe() for p in backend.procs}}
     plan = backfill_plan(reads, recorded, args) if args.backfill else {}
+    backend.start()
+    out: dict[str, Any] = {"label": backend.label, "input": args.input,
+                           "groups_interval_overridden": backend.overridden, "rule_files_rejected": backend.rejected,
+                           "executables": {p.key: p.exe() for p in backend.procs}}
+    if args.input == "prewritten":
+        out["prewritten"] = prewrite(backend, gen.fleet, plan, args)
+        history_starts = gen.fleet.epoch
+    else:
+        gen.fleet.epoch = time.time()  # every backend sees the same values, relative to its start
+    backend.load_rules()
+    out["executables"] = {p.key: p.exe() for p in backend.procs}
+    t0 = backend.started
+    if args.input == "scrape":
+        history_starts = t0 - max((p["span_s"] for p in plan.values() if p["tier"] == "raw"), default=0.0)
+    print(f"  {backend.label}: rules loaded; warm-up {args.warmup:g} s", flush=True)
     backfill: dict[str, Any] = {"plan": plan}
-    # Raw history first (a rule that reads it may only then record what the long tier needs),
-    # the long tier once Prometheus has loaded the first blocks (it looks every minute).
-    due = {"raw": t0 + 2 * args.scrape_interval + 15, "long": math.inf}
+    # Raw history first (a rule that reads it may only then record what the long tier needs; the
+    # prewritten input has it), the long tier once Prometheus has loaded the first blocks (it
+    # looks every minute).
+    todo, retried = dict(plan), False
+    due = {"raw": t0 + 2 * args.scrape_interval + 15 if args.input == "scrape" else math.inf,
+           "long": t0 + 75 if args.input == "prewritten" else math.inf}
     while time.time() < t0 + args.warmup:
         for p in backend.procs:
             p.check_running()
@@ -1075,10 +1290,16 @@ def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recor
             if time.time() < due[tier]:
                 continue
             due[tier] = math.inf
-            if any(p["tier"] == tier for p in plan.values()):
-                backfill[tier] = do_backfill(backend, plan, tier, t0)
-                done = {n: v["series"] for n, v in backfill[tier].items() if not n.startswith("_")}
-                print(f"  {backend.label}: backfilled ({tier}) {done} in {backfill[tier]['_seconds']} s", flush=True)
+            if any(p["tier"] == tier for p in todo.values()):
+                end = (t0 if tier == "raw" else history_starts) - 60
+                done = do_backfill(backend, todo, tier, end)
+                backfill.setdefault(tier, {}).update(done)
+                found = {n: v["series"] for n, v in done.items() if not n.startswith("_")}
+                print(f"  {backend.label}: backfilled ({tier}) {found} in {done['_seconds']} s", flush=True)
+                # A recording vmalert has not written yet: once more, a minute later.
+                todo = {n: p for n, p in todo.items() if p["tier"] != tier or found.get(n) == 0}
+                if tier == "long" and any(p["tier"] == "long" for p in todo.values()) and not retried:
+                    retried, due["long"] = True, time.time() + 60
             if tier == "raw":
                 due["long"] = time.time() + 75
         time.sleep(POLL_SECONDS)
@@ -1132,14 +1353,18 @@ def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recor
     out["rule_errors"] = backend.evals.errors
     out["vmalert_polls_with_several_iterations"] = backend.evals.multi
 
+    if args.tier != "fleet" and backend.key == args.snapshot_from:
+        n = snapshot_inputs(backend, args.fleet_input_names, args.nodes, args.fleet_inputs)
+        print(f"  {backend.label}: the fleet tier's input ({n:,} series) saved to {args.fleet_inputs}", flush=True)
     # What the input and the rules produced.
     scraped = backend.query('scrape_samples_scraped{job="synthetic"}')
-    out["samples_per_scrape"] = float(scraped[0]["value"][1]) if scraped else None
+    out["samples_per_scrape"] = (float(scraped[0]["value"][1]) if scraped
+                                 else out.get("prewritten", {}).get("series"))
     recorded = backend.query('count by (__name__) ({__name__=~"gpunode:.+"})')
     out["recorded_series"] = dict(sorted((r["metric"]["__name__"], int(float(r["value"][1]))) for r in recorded))
     alerts = requests.get(f"{getattr(backend, 'alert_url', backend.url)}/api/v1/alerts", timeout=60).json()
     states: dict[str, dict[str, int]] = {}
-    for a in alerts["data"]["alerts"]:
+    for a in alerts["data"]["alerts"] or []:  # vmalert: null when none
         name = a["labels"]["alertname"]
         states.setdefault(name, {}).setdefault(a["state"], 0)
         states[name][a["state"]] += 1
@@ -1228,13 +1453,17 @@ def table(results: dict[str, Any]) -> list[str]:
     add("RSS at the end (MiB)", lambda b: " + ".join(f"{k} {v['VmRSS']:.0f}" for k, v in b["memory_mib"].items()))
     add("peak RSS (MiB)", lambda b: " + ".join(f"{k} {v['VmHWM']:.0f}" for k, v in b["memory_mib"].items()))
     add("series in the TSDB", lambda b: f"{int(next(iter(b['tsdb'].values()))):,}")
-    add("samples per scrape", lambda b: f"{int(b['samples_per_scrape']):,}")
+    add("input series (samples per scrape)", lambda b: f"{int(b['samples_per_scrape']):,}")
+    if results.get("input") == "prewritten":
+        add("input written before the rules start: samples, seconds",
+            lambda b: f"{b['prewritten']['samples']:,}, {b['prewritten']['seconds']:g}")
     add("series recorded by the rules", lambda b: f"{sum(b['recorded_series'].values()):,}")
     add("alerts firing / pending", lambda b: f"{sum(v.get('firing', 0) for v in b['alerts'].values())} / "
         f"{sum(v.get('pending', 0) for v in b['alerts'].values())}")
     add("rules with errors", lambda b: len(b["rule_errors"]))
-    add("generator render p50 (ms), body (MiB)",
-        lambda b: f"{b['generator']['render_s']['p50_ms']:.0f}, {b['generator']['body_mib']}")
+    if results.get("input") == "scrape":
+        add("generator render p50 (ms), body (MiB)",
+            lambda b: f"{b['generator']['render_s']['p50_ms']:.0f}, {b['generator']['body_mib']}")
     return rows
 
 
@@ -1250,9 +1479,24 @@ def main(argv: list[str] | None = None) -> int:
                    help="groups with a longer interval run every --eval-interval here (default 60)")
     p.add_argument("--nfs-ops", type=int, default=len(NFS_OPS),
                    help=f"NFS ops per mount, of NFSv4.2's {len(NFS_OPS)} (default all)")
+    p.add_argument("--nfs-mounts", type=int, choices=(2, 4), default=4,
+                   help="NFS mounts per node: 4 with nconnect=8, as the reference node (default); 2: the "
+                        "checkpoint mount (nconnect=8) and the home mount (nconnect=1) of the earlier runs")
     p.add_argument("--every-nfs-series", action="store_true",
                    help="every NFS operation and transport series (nfs.operations and transport_series: all), "
                         "not the exporter's default")
+    p.add_argument("--tier", choices=("all", "local", "fleet"), default="all",
+                   help="all: the single-server pack (default); local: the per-node tier; fleet: the fleet tier on "
+                        "--nodes nodes' recordings, copied from what an earlier all/local run saved (--fleet-inputs)")
+    p.add_argument("--fleet-inputs", type=Path, default=Path(tempfile.gettempdir()) / "rules-eval-fleet-inputs.json.gz",
+                   help="written by all/local runs (the first backend's recordings at the end), read by fleet runs "
+                        "(default %(default)s)")
+    p.add_argument("--input", choices=("prewritten", "scrape"), default="prewritten",
+                   help="prewritten: every sample up to past the measurement written by remote write before the "
+                        "rules start, so that only the rules run while measured (default); scrape: the backend "
+                        "scrapes the generator throughout, as a server in service scrapes its nodes")
+    p.add_argument("--write-allowance", type=float,
+                   help="seconds the prewritten input may take to write (default 60 + 1 per 4,000 series)")
     p.add_argument("--backfill", action=argparse.BooleanOptionalAction, default=True,
                    help="write the history a short run lacks into each backend before measuring (default: yes)")
     p.add_argument("--backfill-days", type=float, default=30,
@@ -1264,6 +1508,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     kinds = {"prometheus": PrometheusBackend, "victoriametrics": VictoriaBackend}
     wanted = [b.strip() for b in args.backends.split(",") if b.strip()]
+    args.snapshot_from = wanted[0] if wanted else ""
+    if args.tier == "fleet" and args.input != "prewritten":
+        p.error("--tier fleet reads recordings: --input prewritten")
+    if args.tier == "fleet" and not args.fleet_inputs.exists():
+        p.error(f"--tier fleet needs {args.fleet_inputs}: run --tier all or local first (it saves it)")
     if (not 5 <= args.nodes <= 20_000 or not 1 <= args.gpus <= 16 or args.warmup < 30 or args.measure < 30
             or not 1 <= args.nfs_ops <= len(NFS_OPS) or not set(wanted) <= set(kinds) or not wanted
             or args.scrape_interval < 2 or args.eval_interval < 2):
@@ -1274,7 +1523,13 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"{exe} not found (Debian packages prometheus and victoria-metrics)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks below
 
-    # The rule pack as it is now.
+    # The rule pack as it is now (or the tier of it).
+    rendered = Path(tempfile.mkdtemp(prefix="rules-eval-tiers-"))
+    fleet_dirs = render_tier("fleet", rendered)
+    fleet_reads, fleet_recorded, _ = rule_reads("prometheus", sorted(fleet_dirs["prometheus"].glob("*.yml")))
+    args.fleet_input_names = set(fleet_reads) - fleet_recorded - {"", "ALERTS", "ALERTS_FOR_STATE"}
+    if args.tier != "all":
+        RULE_DIRS.update(fleet_dirs if args.tier == "fleet" else render_tier(args.tier, rendered))
     reads, recorded, bad = rule_reads("prometheus")
     groups = {f"{file_key(g.file)}/{g.name}": {"rules": g.rules, "records": g.records, "alerts": g.alerts,
                                       "interval_s": g.interval}
@@ -1290,7 +1545,16 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"building the fleet: {args.nodes} nodes x {args.gpus} GPUs ...", flush=True)
     t_build = time.perf_counter()
-    fleet = Fleet(args.nodes, args.gpus, args.nfs_ops, args.seed, args.every_nfs_series)
+    if args.tier == "fleet":
+        with gzip.open(args.fleet_inputs, "rt") as f:
+            snapshot = json.load(f)
+        fleet: Fleet = Recordings(snapshot, args.nodes)
+        print(f"  the recordings of {snapshot['nodes']} nodes ({args.fleet_inputs}, {snapshot['backend']}) "
+              f"x {fleet.copies}", flush=True)
+    else:
+        fleet = Fleet(args.nodes, args.gpus, args.nfs_ops, args.seed, args.every_nfs_series, args.nfs_mounts)
+    if args.write_allowance is None:
+        args.write_allowance = 60 + fleet.series / 4000
     produced = fleet.produces()
     missing = sorted(name for name in reads if name and name not in produced and name not in recorded
                      and name not in ("ALERTS", "ALERTS_FOR_STATE"))
@@ -1304,7 +1568,9 @@ def main(argv: list[str] | None = None) -> int:
         "nodes": args.nodes, "gpus": args.gpus, "warmup_s": args.warmup, "measure_s": args.measure,
         "scrape_interval_s": args.scrape_interval, "eval_interval_s": args.eval_interval,
         "max_group_interval_s": args.max_group_interval, "nfs_ops": args.nfs_ops,
-        "every_nfs_series": args.every_nfs_series,
+        "every_nfs_series": args.every_nfs_series, "nfs_mounts": args.nfs_mounts, "input": args.input,
+        "tier": args.tier,
+        "fleet_tier_reads": sorted(args.fleet_input_names),
         "backfill": args.backfill, "backfill_days": args.backfill_days, "seed": args.seed, "target_s": TARGET_SECONDS,
         "rule_files": [p.name for p in rule_files("prometheus")], "rules_sha256": rules_fingerprint(),
         "groups": groups, "metrics_read": {k: v for k, v in sorted(reads.items())},
@@ -1346,9 +1612,12 @@ def main(argv: list[str] | None = None) -> int:
                 results["backends"][name]["machine_load"] = loads[name]
     except (BenchError, requests.RequestException) as err:
         sys.stderr.write(f"rules_eval: FAILED: {err}\n")
+        results["failed"] = str(err)  # what the backends before it measured is kept
+        args.output.with_suffix(".failed.json").write_text(json.dumps(results, indent=1, default=str))
         return 1
     finally:
         gen.stop()
+        shutil.rmtree(rendered, ignore_errors=True)
     results["wall_seconds"] = round(time.monotonic() - start_t, 1)
     results["machine"]["during_run"] = machine_load(cpu_before, cpu_times())
     results["machine"]["loadavg_end"] = os.getloadavg()

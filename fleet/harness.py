@@ -1,25 +1,25 @@
 """Load a simulated fleet into a real backend and replay the rule pack over the whole range.
 
 Two backends, each a real server from Debian's packages:
-- prometheus: the series backfilled as TSDB blocks (`promtool tsdb create-blocks-from
-  openmetrics`), Prometheus serving them with its remote-write receiver on;
-- victoriametrics: the series imported through /api/v1/import.
+- prometheus: the series written by remote write in time order (fleet/remote_write.py), an
+  out-of-order window open for the replay's writes;
+- victoriametrics: the same.
 On both, vmalert's replay mode steps through the range at each group's interval, asks the
 backend's own query engine (PromQL in Prometheus, MetricsQL in VictoriaMetrics) for every
 rule, honours `for:`, and writes recording rules and ALERTS back through remote write, so
-later rules read earlier ones. The rules are the pack's vmalert target (vmalert 1.79 rejects
-keep_firing_for, which is therefore not measured).
+later rules read earlier ones. The rules are the pack's target for the backend (vmalert 1.79
+rejects keep_firing_for, which is therefore not measured).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,17 +30,13 @@ import yaml
 
 from exporter.nvmlsim.scenario import seconds
 from exporter.rulepack import load_spec, render
-from fleet.simulate import Fleet, Series
+from fleet import remote_write
+from fleet.simulate import Fleet
 
 BACKENDS = ("prometheus", "victoriametrics")
-# promtool holds a whole file's series in memory: one file of the 60-node week (26 GB of text)
-# had grown it to 13.5 GB RSS with no block written after 5 min; 5 nodes take 2.3 GB.
-NODES_PER_BACKFILL = 5
-# Without it promtool cuts 2 h blocks and parses the whole file once per block (quadratic):
-# a 5-node week took over 370 s, with it 45 s. 486 h is the largest block range Prometheus
-# compacts to (2 h x 3^5), so a week is one or two blocks per file.
-MAX_BLOCK = "486h"
-PARALLEL_BACKFILLS = 2
+PARALLEL_REPLAYS = 2  # one per CPU of the machines it runs on
+WRITE_SLICE = 1800.0  # seconds of every series per remote-write pass (the head's window is an hour)
+PARALLEL_WRITES = 2
 TOOLS = {"prometheus": ("prometheus", "promtool"), "victoriametrics": ("victoria-metrics",), "vmalert": ("vmalert",)}
 
 
@@ -56,65 +52,27 @@ def missing_tools() -> list[str]:
     return [tool for tools in TOOLS.values() for tool in tools if shutil.which(tool) is None]
 
 
-def _labels(series: Series) -> str:
-    return ",".join(f'{k}="{v}"' for k, v in series.labels)
-
-
-def write_openmetrics(series: Iterable[Series], timestamps: np.ndarray, path: Path) -> int:
-    """OpenMetrics text for promtool, samples in time order per series; returns the sample count."""
-    stamps = [f"{ts:.0f}" for ts in timestamps]
-    count = 0
-    with path.open("w") as out:
-        for s in series:
-            prefix = f"{s.name}{{{_labels(s)}}} "
-            keep = ~np.isnan(s.values)
-            values = [repr(float(v)) for v in s.values[keep]]
-            out.write("\n".join(prefix + v + " " + ts for v, ts in zip(values, np.asarray(stamps)[keep], strict=True)))
-            out.write("\n")
-            count += len(values)
-        out.write("# EOF\n")
-    return count
-
-
-def write_vm_import(series: Iterable[Series], timestamps: np.ndarray, path: Path) -> int:
-    """VictoriaMetrics' JSON line import format: one line per series."""
-    millis = (timestamps * 1000).astype(np.int64)
-    count = 0
-    with path.open("w") as out:
-        for s in series:
-            keep = ~np.isnan(s.values)
-            metric = {"__name__": s.name, **dict(s.labels)}
-            out.write(json.dumps({"metric": metric, "values": s.values[keep].tolist(),
-                                  "timestamps": millis[keep].tolist()}) + "\n")
-            count += int(keep.sum())
-    return count
-
-
-def _backfill(fleet: Fleet, workdir: Path, data: Path) -> int:
-    """The fleet as TSDB blocks in data, NODES_PER_BACKFILL nodes per promtool run; the next
-    file is written while earlier ones are converted. The blocks overlap in time, which
-    Prometheus merges at query time."""
-    running: list[tuple[subprocess.Popen[bytes], Path]] = []
-
-    def reap(keep: int) -> None:
-        while len(running) > keep:
-            proc, text = running.pop(0)
-            _, err = proc.communicate()
-            text.unlink()
-            if proc.returncode != 0:
-                raise RuntimeError(f"promtool backfill of {text.name} failed: {err.decode()[-2000:]}")
-
-    samples = 0
-    for first in range(0, fleet.s.nodes, NODES_PER_BACKFILL):
-        text = workdir / f"series-{first:04d}.om"
-        samples += write_openmetrics(fleet.series(range(first, min(first + NODES_PER_BACKFILL, fleet.s.nodes))),
-                                     fleet.timestamps, text)
-        reap(PARALLEL_BACKFILLS - 1)
-        running.append((subprocess.Popen(
-            ["promtool", "tsdb", "create-blocks-from", "openmetrics", f"--max-block-duration={MAX_BLOCK}",
-             "--quiet", str(text), str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), text))
-    reap(0)
-    return samples
+def _remote_write(fleet: Fleet, url: str) -> int:
+    """The fleet into a running backend by remote write, in time order: WRITE_SLICE of every
+    series per pass, since Prometheus' head takes no sample an hour older than the newest it
+    holds."""
+    series = list(fleet.series())
+    labels = [remote_write.labels_bytes([("__name__", s.name), *s.labels]) for s in series]
+    values = np.vstack([s.values for s in series])
+    millis = np.round(fleet.timestamps * 1000)
+    width = max(1, int(WRITE_SLICE // fleet.s.step))
+    session = requests.Session()
+    with ThreadPoolExecutor(PARALLEL_WRITES) as pool:
+        pending: list[Future[None]] = []
+        for first in range(0, millis.size, width):
+            part = slice(first, first + width)
+            for request in remote_write.batches(remote_write.encode(labels, values[:, part], millis[part])):
+                while len(pending) >= PARALLEL_WRITES:
+                    pending.pop(0).result()
+                pending.append(pool.submit(remote_write.post, session, f"{url}/api/v1/write", request))
+            while pending:  # a series' next pass only after its last: in order, for the head
+                pending.pop(0).result()
+    return int((~np.isnan(values)).sum())
 
 
 def _wait(url: str, proc: subprocess.Popen[bytes], seconds: float = 120) -> None:
@@ -160,12 +118,14 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int, spec_path: Path | 
     rules = workdir / "rules"
     rules.mkdir(exist_ok=True)
     spec = load_spec(spec_path)
-    rule_files = [_without_annotations(yaml.safe_load(text)) for text in render(spec, "vmalert").values()]
+    # Each backend's own target: the Prometheus one holds the PromQL forms (changes(), the newest
+    # workload by sample count, whose timestamp() form costs ~25x in Prometheus' range queries).
+    target = "prometheus" if backend == "prometheus" else "vmalert"
+    rule_files = [_replayable(yaml.safe_load(text)) for text in render(spec, target).values()]
     began = time.monotonic()
     url = f"http://127.0.0.1:{port}"
     if backend == "prometheus":
         data = workdir / "prometheus-data"
-        samples = _backfill(fleet, workdir, data)
         config = workdir / "prometheus.yml"
         # Recording rules and ALERTS arrive by remote write with past timestamps: accept them.
         window = int(fleet.s.duration // 3600 + 48)
@@ -187,27 +147,25 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int, spec_path: Path | 
                   # a replay range query of a 3-hour quantile_over_time per node (GpuNodeSlowingDown) took > 30 s
                   "-search.maxQueryDuration=600s"]
         write_url, ready = url, f"{url}/health"
-        samples = 0
     with _server(server, ready, workdir / f"{backend}.log"):
+        samples = _remote_write(fleet, url)
         if backend == "victoriametrics":
-            lines = workdir / "series.jsonl"
-            samples = write_vm_import(fleet.series(), fleet.timestamps, lines)
-            with lines.open("rb") as body:
-                requests.post(f"{url}/api/v1/import", data=body, timeout=3600).raise_for_status()
-            requests.get(f"{url}/internal/force_flush", timeout=60)
-            lines.unlink()
+            requests.get(f"{url}/internal/force_flush", timeout=60).raise_for_status()
         loaded = time.monotonic()
         end = fleet.timestamps[-1] + fleet.s.step
-        # One rule at a time, in the pack's order, each replay's output flushed before the next
-        # starts: a rule then reads every earlier rule's complete output. (With all rules in one
-        # replay, VictoriaMetrics had not yet made new recordings searchable when the next rule
-        # of the group asked, even 3 s later, and the fail-slow ratios came out empty.)
-        log = []
-        for n, rule in enumerate(_one_rule_files(rule_files)):
+        # One rule per replay, each replay's output flushed before a rule that reads it starts: a
+        # rule then reads every earlier rule's complete output. (With all rules in one replay,
+        # VictoriaMetrics had not yet made new recordings searchable when the next rule of the
+        # group asked, even 3 s later, and the fail-slow ratios came out empty.) Rules that do
+        # not read each other replay side by side, one per CPU.
+        singles = list(_one_rule_files(rule_files))
+        log: dict[int, list[str]] = {}
+
+        def replay(n: int) -> None:
             path = rules / f"rule-{n:03d}.yml"
-            path.write_text(yaml.safe_dump(rule, sort_keys=False))
-            for begin, until in _spans(rule, fleet.timestamps[0], end):
-                replay = subprocess.run(
+            path.write_text(yaml.safe_dump(singles[n], sort_keys=False))
+            for begin, until in _spans(singles[n], fleet.timestamps[0], end):
+                done = subprocess.run(
                     ["vmalert", f"-rule={path}", f"-datasource.url={url}", f"-remoteWrite.url={write_url}",
                      f"-replay.timeFrom={_rfc3339(begin)}", f"-replay.timeTo={_rfc3339(until)}",
                      f"-replay.maxDatapointsPerQuery={REPLAY_POINTS[backend]}", "-replay.rulesDelay=0s",
@@ -217,21 +175,25 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int, spec_path: Path | 
                      # rule on a 5-minute grid, which delayed each for: by up to 5 minutes
                      "-datasource.queryStep=0s"],
                     capture_output=True, text=True)
-                log.append(f"--- {path.name} {_rfc3339(begin)}\n{replay.stderr}")
-                if replay.returncode != 0 or "dropping" in replay.stderr:  # a lost write would score as silence
-                    raise RuntimeError(f"vmalert replay of {path} failed: {replay.stderr[-2000:]}")
+                log.setdefault(n, []).append(f"--- {path.name} {_rfc3339(begin)}\n{done.stderr}")
+                if done.returncode != 0 or "dropping" in done.stderr:  # a lost write would score as silence
+                    raise RuntimeError(f"vmalert replay of {path} failed: {done.stderr[-2000:]}")
                 if backend == "victoriametrics":
                     requests.get(f"{url}/internal/force_flush", timeout=60).raise_for_status()
-        (workdir / "vmalert-replay.log").write_text("".join(log))
+
+        _in_order(_inputs(singles), replay, PARALLEL_REPLAYS)
+        (workdir / "vmalert-replay.log").write_text("".join(line for n in sorted(log) for line in log[n]))
         firing = _alerts(url, fleet.timestamps[0], end, _alert_timing(rule_files))
     return Run(backend, firing, loaded - began, time.monotonic() - loaded, samples)
 
 
-def _without_annotations(rule_file: dict[str, Any]) -> dict[str, Any]:
-    """vmalert's replay cannot run the annotations' `query` templates; annotations do not decide firing."""
+def _replayable(rule_file: dict[str, Any]) -> dict[str, Any]:
+    """What vmalert's replay runs: no annotations (it cannot run their `query` templates, and they
+    do not decide firing), no keep_firing_for (vmalert 1.79 rejects it, so it is not measured)."""
     for group in rule_file["groups"]:
         for rule in group["rules"]:
             rule.pop("annotations", None)
+            rule.pop("keep_firing_for", None)
     return rule_file
 
 
@@ -256,11 +218,38 @@ def _one_rule_files(rule_files: list[dict[str, Any]]) -> Iterator[dict[str, Any]
     yield from done
 
 
+def _inputs(singles: list[dict[str, Any]]) -> list[set[int]]:
+    """For each one-rule file, the earlier ones that record what it reads."""
+    rules = [single["groups"][0]["rules"][0] for single in singles]
+    return [{j for j, earlier in enumerate(rules[:i])
+             if earlier.get("record") and re.search(rf"\b{re.escape(earlier['record'])}\b", rule["expr"])}
+            for i, rule in enumerate(rules)]
+
+
+def _in_order(inputs: list[set[int]], work: Callable[[int], None], workers: int) -> None:
+    """work(i) for every i, at most `workers` at once, each after work on all of inputs[i] has
+    returned; the lowest ready i first. The first exception stops the run."""
+    done: set[int] = set()
+    running: dict[Future[None], int] = {}
+    with ThreadPoolExecutor(workers) as pool:
+        while len(done) < len(inputs):
+            for i, needs in enumerate(inputs):
+                if len(running) < workers and i not in done and i not in running.values() and needs <= done:
+                    running[pool.submit(work, i)] = i
+            if not running:
+                raise RuntimeError(f"rules wait for each other: {sorted(set(range(len(inputs))) - done)}")
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                future.result()
+                done.add(running.pop(future))
+
+
 # Points per replay range query. Prometheus' cost per step grows with the series the whole range
-# touches (each job restart starts a new workload series), so a range of 10,000 steps (83 h) took
-# more than 10 minutes for the fail-slow peer median; 1,000 steps (8.3 h) keep it linear. A live
+# touches (each job restart starts a new workload series): 8 h 20 min of the fail-slow peer
+# median took 18.7 s as one query of 1,000 steps, 6-7 s in queries of 250 and 4.9 s of 120,
+# while a day of one node's NFS ratio took 11 % longer in queries of 240 than of 1,000. A live
 # evaluation touches only the lookback window's series.
-REPLAY_POINTS = {"prometheus": 1000, "victoriametrics": 10000}
+REPLAY_POINTS = {"prometheus": 240, "victoriametrics": 10000}
 
 
 def _spans(rule_file: dict[str, Any], start: float, end: float) -> list[tuple[float, float]]:

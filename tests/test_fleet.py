@@ -90,3 +90,33 @@ def test_shared_fleet_job_ends_and_restarts_stay_silent_and_a_lone_node_slowing_
     assert failslow and 240 <= min(failslow) <= 330
     assert any(f.alertname == "GpuNodeSlowingDown" and f.start - onset <= 15 * 60 for f in alerts)
     assert all(f.start >= onset for f in alerts)
+
+
+def test_replays_run_side_by_side_but_never_before_what_they_read() -> None:
+    import threading
+
+    def rule(expr: str, record: str = "") -> dict[str, object]:
+        named = {"record": record} if record else {"alert": "A"}
+        return {"groups": [{"name": "g", "rules": [{"expr": expr, **named}]}]}
+
+    singles = [rule("up", "a:x"), rule("node_load1", "b:y"), rule("a:x > 1"), rule("a:x / b:y", "c:z"),
+               rule("c:zz")]  # c:zz is another name: no input
+    assert harness._inputs(singles) == [set(), set(), {0}, {0, 1}, set()]
+    lock, events, running, most = threading.Lock(), [], set(), [0]
+
+    def work(i: int) -> None:
+        with lock:
+            events.append(("start", i))
+            running.add(i)
+            most[0] = max(most[0], len(running))
+        time.sleep(0.05)
+        with lock:
+            running.discard(i)
+            events.append(("end", i))
+
+    harness._in_order(harness._inputs(singles), work, 2)
+    order = {e: n for n, e in enumerate(events)}
+    for i, needs in enumerate(harness._inputs(singles)):
+        assert all(order["end", j] < order["start", i] for j in needs)
+    assert most[0] == 2
+    assert sorted(i for kind, i in events if kind == "end") == list(range(5))

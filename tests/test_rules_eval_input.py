@@ -1,0 +1,71 @@
+"""The rule-evaluation benchmark's input (benchmarks/rules_eval.py): what it writes before the
+rules start is what its generator would have served at each moment, and the fleet tier's input
+keeps every copy of a node apart."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import rules_eval  # noqa: E402
+
+from tests.test_remote_write import _decode  # noqa: E402
+
+
+def _served(fleet: rules_eval.Fleet, now: float) -> dict[str, float]:
+    out = {}
+    for line in fleet.render(now).decode().splitlines():
+        if not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def _key(labels: dict[str, str]) -> str:
+    rest = ",".join(f'{k}="{v}"' for k, v in labels.items() if k != "__name__")
+    return f"{labels['__name__']}{{{rest}}}"
+
+
+def test_prewritten_samples_are_what_a_scrape_would_have_read() -> None:
+    fleet = rules_eval.Fleet(6, 8, 61, seed=3)
+    times = fleet.epoch + np.array([0.0, 437.5, 3600.0, 86_400.0 * 3])
+    written: dict[str, list[float]] = {}
+    for fam in fleet.families.values():
+        labels, values = fleet.matrix(fam, times)
+        request = b"".join(rules_eval.remote_write.encode(labels, values, np.round(times * 1000)))
+        for series_labels, samples in _decode(request):
+            written[_key(dict(sorted(series_labels.items())))] = [v for v, _ in samples]
+    for i, now in enumerate(times):
+        served = {_key(dict(sorted(_parse(k).items()))): v for k, v in _served(fleet, now).items()}
+        assert served.keys() == written.keys()
+        wrong = [k for k, v in served.items() if abs(written[k][i] - v) > 1e-3 * max(1.0, abs(v))]
+        assert not wrong, wrong[:5]
+
+
+def _parse(key: str) -> dict[str, str]:
+    name, _, rest = key.partition("{")
+    return {"__name__": name, **dict(re.findall(r'(\w+)="([^"]*)"', rest))}
+
+
+def test_the_fleet_tiers_copies_are_nodes_and_jobs_of_their_own() -> None:
+    snapshot = {"nodes": 2, "series": {
+        "gpunode:precursor_signal:value": [({"instance": "gpu0001", "job": "gpunode", "signal": "interrupts"}, 1.5),
+                                           ({"instance": "gpu0002", "job": "gpunode", "signal": "interrupts"}, 2.0)],
+        "gpunode_node_workload_info": [({"instance": "gpu0001", "job": "gpunode", "workload": "train-1",
+                                         "source": "slurm"}, 1.0)]}}
+    fleet = rules_eval.Recordings(snapshot, 6)
+    assert fleet.copies == 3 and fleet.series == 9
+    now = time.time()
+    served = _served(fleet, now)
+    nodes = {_parse(k)["instance"] for k in served}
+    assert nodes == {"gpu0001", "gpu0002", "gpu0001-1", "gpu0002-1", "gpu0001-2", "gpu0002-2"}
+    jobs = {_parse(k).get("workload") for k in served} - {None}
+    assert jobs == {"train-1", "train-1-1", "train-1-2"}
+    assert served['gpunode:precursor_signal:value{instance="gpu0002-2",job="gpunode",signal="interrupts"}'] == 2.0
