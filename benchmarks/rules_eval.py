@@ -69,7 +69,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -393,6 +392,10 @@ class Fleet:
         self.workload = self._jobs(nodes)
         for node in range(nodes):
             self._node(node)
+        self._finish()
+
+    def _finish(self) -> None:
+        """The static series as one text per family; the counts."""
         for fam in self.families.values():
             fam.static_bytes = "".join(fam.static).encode()
             fam.static = []
@@ -805,11 +808,7 @@ class Recordings(Fleet):
                               for k, v in labels.items() if k != "__name__"}
                     text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
                     self.const(name, "gauge", f"{{{text}}}", value)
-        for fam in self.families.values():
-            fam.static_bytes = "".join(fam.static).encode()
-            fam.static = []
-        self.series = sum(len(f.static_bytes.splitlines()) for f in self.families.values())
-        self.dynamic_series = 0
+        self._finish()
 
 
 def snapshot_inputs(backend: Backend, names: set[str], nodes: int, path: Path) -> int:
@@ -1228,9 +1227,9 @@ def prewrite(backend: Backend, fleet: Fleet, plan: dict[str, dict[str, Any]],
     # than an hour before the newest it holds.
     slices = np.arange(min(first.values()), until, PREWRITE_SLICE)
     seen: set[str] = set()
-    with ThreadPoolExecutor(1) as pool:  # one request in flight while the next is encoded
-        pending: Future[None] | None = None
-        for since in slices:
+    for since in slices:
+        def encoded(since: float = since) -> Iterator[bytes]:
+            nonlocal series, samples
             for fam in fleet.families.values():
                 times = np.arange(max(first[fam.name], since), min(since + PREWRITE_SLICE, until), step)
                 if not times.size:
@@ -1240,12 +1239,9 @@ def prewrite(backend: Backend, fleet: Fleet, plan: dict[str, dict[str, Any]],
                     seen.add(fam.name)
                     series += len(labels)
                 samples += values.size
-                for request in remote_write.batches(remote_write.encode(labels, values, np.round(times * 1000))):
-                    if pending is not None:
-                        pending.result()
-                    pending = pool.submit(remote_write.post, session, backend.write_url, request)
-        if pending is not None:
-            pending.result()
+                yield from remote_write.encode(labels, values, np.round(times * 1000))
+
+        remote_write.send(session, backend.write_url, encoded())
     seconds = time.time() - began
     if seconds > args.write_allowance:
         raise BenchError(f"{backend.label}: writing the input took {seconds:.0f} s, more than --write-allowance "

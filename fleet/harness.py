@@ -62,16 +62,10 @@ def _remote_write(fleet: Fleet, url: str) -> int:
     millis = np.round(fleet.timestamps * 1000)
     width = max(1, int(WRITE_SLICE // fleet.s.step))
     session = requests.Session()
-    with ThreadPoolExecutor(PARALLEL_WRITES) as pool:
-        pending: list[Future[None]] = []
-        for first in range(0, millis.size, width):
-            part = slice(first, first + width)
-            for request in remote_write.batches(remote_write.encode(labels, values[:, part], millis[part])):
-                while len(pending) >= PARALLEL_WRITES:
-                    pending.pop(0).result()
-                pending.append(pool.submit(remote_write.post, session, f"{url}/api/v1/write", request))
-            while pending:  # a series' next pass only after its last: in order, for the head
-                pending.pop(0).result()
+    for first in range(0, millis.size, width):  # a pass only after the last: each series in order
+        part = slice(first, first + width)
+        remote_write.send(session, f"{url}/api/v1/write", remote_write.encode(labels, values[:, part], millis[part]),
+                          PARALLEL_WRITES)
     return int((~np.isnan(values)).sum())
 
 

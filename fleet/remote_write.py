@@ -11,6 +11,7 @@ every decoder, no smaller than the input, and free to produce. Prometheus (with
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import requests
@@ -92,6 +93,20 @@ def post(session: requests.Session, url: str, request: bytes) -> None:
     r = session.post(url, data=snappy_literal(request), headers=HEADERS, timeout=600)
     if not r.ok:
         raise RuntimeError(f"remote write to {url} failed: {r.status_code} {r.text[:500]}")
+
+
+def send(session: requests.Session, url: str, series: Iterable[bytes], in_flight: int = 1) -> None:
+    """Encoded TimeSeries to url in WriteRequests, the next encoded while up to in_flight are sent;
+    returns when all have been taken. Requests in flight together may arrive in any order, so a
+    series' later samples belong in a later call."""
+    with ThreadPoolExecutor(in_flight) as pool:
+        pending: list[Future[None]] = []
+        for request in batches(series):
+            while len(pending) >= in_flight:
+                pending.pop(0).result()
+            pending.append(pool.submit(post, session, url, request))
+        for future in pending:
+            future.result()
 
 
 def encode(labels: Sequence[bytes], values: np.ndarray, millis: np.ndarray) -> Iterator[bytes]:
