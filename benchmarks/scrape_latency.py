@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _every_nfs_series(tmpdir: Path) -> Path:
     config = tmpdir / "every-nfs-series.yml"
-    config.write_text("nfs: {operations: all, transport_series: all}\n")
+    config.write_text("nfs: {operations: all, transport_series: all, per_transport: true}\n")
     return config
 
 

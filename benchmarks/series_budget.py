@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/series_budget.py [--out benchmarks/results/series_budget.json]
 
 Dumps the reference node twice, with the default configuration and with every NFS operation
-and transport series (nfs.operations and nfs.transport_series: all, as before they existed),
+and transport series (nfs.operations and nfs.transport_series: all, nfs.per_transport: true, as before they existed),
 and counts the series of each collector. docs/series-budget.md shows the table.
 """
 
@@ -53,7 +53,7 @@ def measure() -> dict[str, dict[str, int]]:
         config = Path(tmp) / "config.yml"
         default = count(flags)
         data = yaml.safe_load(config.read_text())
-        data["nfs"].update(operations="all", transport_series="all")
+        data["nfs"].update(operations="all", transport_series="all", per_transport=True)
         config.write_text(yaml.safe_dump(data))
         every = count(flags)
     return {"default": default, "every_nfs_series": every}

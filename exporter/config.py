@@ -37,8 +37,12 @@ class NFSConfig:
     route_cache_seconds: float = 60.0
     # Operations served on their own, the rest of a mount's summed into op="OTHER"; [all]: each its own.
     operations: tuple[str, ...] = NFS_OPERATIONS
-    # Per-transport series served (names above); [all]: every one.
+    # Transport series served (names above); [all]: every one.
     transport_series: tuple[str, ...] = NFS_TRANSPORT_SERIES
+    # One set of transport series per transport (transport="0", "1" ...) rather than per mount:
+    # with nconnect the kernel sends round robin, so a mount's transports fill alike and their sum
+    # (transport="all"; max_slots their largest) tells the same at 1/nconnect of the series.
+    per_transport: bool = False
 
     def __post_init__(self) -> None:
         if self.operations != ("all",):

@@ -24,8 +24,10 @@ Series = dict[str, dict[tuple, float]]
 
 def nfs_context(procfs: Path, route_lookup: Callable[[str], str | None] = lambda _a: None,
                 every_series: bool = False) -> Context:
-    """every_series: every operation and transport series (nfs.operations and transport_series: all)."""
-    config = Config(nfs=NFSConfig(operations=("all",), transport_series=("all",))) if every_series else Config()
+    """every_series: every operation and transport series, each transport on its own
+    (nfs.operations and transport_series: all, per_transport: true)."""
+    config = (Config(nfs=NFSConfig(operations=("all",), transport_series=("all",), per_transport=True))
+              if every_series else Config())
     return Context(procfs=procfs, sysfs=procfs.parent / "sys", config=config, route_lookup=route_lookup)
 
 

@@ -26,7 +26,7 @@ _GPU = ("--collector.disable-defaults", "--collector.gpu",
 SCENARIOS = {
     "real": (*_NFS, "--path.procfs", str(FIXTURES / "procfs" / "real")),
     "edge": (*_NFS, "--path.procfs", str(FIXTURES / "procfs" / "edge")),
-    # nfs.operations and transport_series: all, so every operation of the real kernels' samples is checked.
+    # nfs: operations and transport_series all, per_transport: every operation and transport of the samples.
     "real-every-series": (*_NFS, "--path.procfs", str(FIXTURES / "procfs" / "real"),
                           "--config.file", str(FIXTURES / "procfs" / "every-nfs-series.yaml")),
     "gpu-healthy": (*_GPU, "--path.sysfs", str(FIXTURES / "sysfs" / "dgx-h100"),

@@ -39,13 +39,43 @@ def test_slot_wait_and_network_split_in_seconds(procfs: Path) -> None:
     assert got["gpunode_nfs_rpc_errors_total"][ckpt("GETATTR")] == 2
 
 
-def test_each_nconnect_transport_is_its_own_series(procfs: Path) -> None:
-    got = collect_samples(NFSCollector(nfs_context(procfs)))
+def test_each_nconnect_transport_is_its_own_series_with_per_transport(procfs: Path) -> None:
+    got = collect_samples(NFSCollector(nfs_context(procfs, every_series=True)))
     in_flight = {dict(k)["transport"]: v for k, v in got["gpunode_nfs_transport_in_flight_sum_total"].items()
                  if dict(k)["mountpoint"] == "/mnt/ckpt dir"}
     assert in_flight == {"0": 76812800, "1": 76787200}
     # udp reports no connections
     assert all(dict(k)["protocol"] != "udp" for k in got["gpunode_nfs_transport_connects_total"])
+
+
+def test_a_mounts_transports_are_summed_by_default(procfs: Path) -> None:
+    got = collect_samples(NFSCollector(nfs_context(procfs)))
+    mine = {name: {dict(k)["transport"]: v for k, v in series.items() if dict(k)["mountpoint"] == "/mnt/ckpt dir"}
+            for name, series in got.items() if name.startswith("gpunode_nfs_transport_")}
+    assert mine["gpunode_nfs_transport_in_flight_sum_total"] == {"all": 76812800 + 76787200}
+    assert mine["gpunode_nfs_transport_sends_total"] == {"all": 600100 + 599900}
+    assert mine["gpunode_nfs_transport_backlog_sum_total"] == {"all": 1200 + 1100}
+    assert mine["gpunode_nfs_transport_max_slots"] == {"all": 128}  # the largest, not a sum
+
+
+def test_summed_transports_equal_the_sum_of_each(tmp_path: Path) -> None:
+    """On real kernels' samples (nconnect=8 rdma mounts among them): per mount and protocol, each
+    summed counter is the sum of the transports' and max_slots their largest."""
+    real = FIXTURES / "real"
+    summed = collect_samples(NFSCollector(nfs_context(real)))
+    each = collect_samples(NFSCollector(nfs_context(real, every_series=True)))
+    checked = 0
+    for name, series in summed.items():
+        if not name.startswith("gpunode_nfs_transport_"):
+            continue
+        for key, value in series.items():
+            labels = dict(key)
+            assert labels["transport"] == "all"
+            parts = [v for k, v in each[name].items() if {**dict(k), "transport": "all"} == labels]
+            assert parts, (name, labels)
+            assert value == (max(parts) if name.endswith("max_slots") else sum(parts)), (name, labels)
+            checked += 1
+    assert checked > 20
 
 
 def test_mount_info_uses_injected_route_lookup(procfs: Path) -> None:

@@ -36,7 +36,8 @@ EXECUTE_SECONDS = MetricSpec("gpunode_nfs_rpc_execute_seconds_total", "counter",
                              "Whole request time, from creation to completion.", _OP)
 
 SENDS = MetricSpec("gpunode_nfs_transport_sends_total", "counter",
-                   "RPC requests sent on this transport.", _XPRT)
+                   "RPC requests sent on this transport (transport=\"all\": the mount's transports "
+                   "summed, as in every transport series unless nfs.per_transport).", _XPRT)
 RECEIVES = MetricSpec("gpunode_nfs_transport_receives_total", "counter",
                       "RPC replies received on this transport.", _XPRT)
 BAD_XIDS = MetricSpec("gpunode_nfs_transport_bad_xids_total", "counter",
@@ -54,7 +55,8 @@ PENDING_SUM = MetricSpec("gpunode_nfs_transport_pending_sum_total", "counter",
                          "Requests awaiting a reply summed at each send (pending_u; statvers 1.1).",
                          _XPRT)
 MAX_SLOTS = MetricSpec("gpunode_nfs_transport_max_slots", "gauge",
-                       "Most RPC slots ever in use at once (high-water mark; rdma does not report it).",
+                       "Most RPC slots ever in use at once (high-water mark; transport=\"all\": the "
+                       "largest of the mount's; rdma does not report it).",
                        _XPRT)
 
 MOUNT_INFO = MetricSpec("gpunode_nfs_mount_info", "gauge",
@@ -133,6 +135,7 @@ class NFSCollector(Collector):
         self._reported: set[tuple[str, str]] = set()  # log each problem once, count it always
         nfs = ctx.config.nfs
         self._operations = None if nfs.operations == ("all",) else frozenset(nfs.operations)
+        self._per_transport = nfs.per_transport
         self._transport_fields = [(spec, field) for spec, field in _TRANSPORT_FIELDS
                                   if nfs.transport_series == ("all",) or transport_series_name(spec)
                                   in nfs.transport_series]
@@ -158,11 +161,10 @@ class NFSCollector(Collector):
                 continue
             seen.add(key)
             self._add_operations(op_fams, mount, self._operations)
-            for index, xprt in enumerate(mount.transports):
-                labels = (*key, str(index), xprt.protocol)
+            for labels, values in self._transports(mount):
                 for spec, field in self._transport_fields:
-                    if field in xprt.values:
-                        xprt_fams[spec].add(labels, xprt.values[field])
+                    if field in values:
+                        xprt_fams[spec].add((*key, *labels), values[field])
             protocol = mount.transports[0].protocol if mount.transports else mount.options.get("proto", "")
             address = addresses.get((mount.device, mount.mountpoint)) or mount.server_address
             device = self.ctx.route_lookup(address) if address else None
@@ -178,6 +180,24 @@ class NFSCollector(Collector):
         errors = PARSE_ERRORS.family()
         errors.add((), self._parse_errors)
         yield errors
+
+    def _transports(self, mount: mountstats.NFSMount) -> Iterator[tuple[tuple[str, str], dict[str, int]]]:
+        """((transport, protocol), xprt fields) for each transport, or by default one per protocol
+        for all of the mount's transports: counters summed, max_slots the largest."""
+        if self._per_transport:
+            for index, xprt in enumerate(mount.transports):
+                yield (str(index), xprt.protocol), xprt.values
+            return
+        merged: dict[str, dict[str, int]] = {}
+        for xprt in mount.transports:
+            into = merged.setdefault(xprt.protocol, {})
+            for field, value in xprt.values.items():
+                if field == "max_slots":
+                    into[field] = max(into.get(field, 0), value)
+                else:
+                    into[field] = into.get(field, 0) + value
+        for protocol, values in merged.items():
+            yield ("all", protocol), values
 
     @staticmethod
     def _add_operations(fams: dict[MetricSpec, Family], mount: mountstats.NFSMount,

@@ -19,7 +19,9 @@ if TYPE_CHECKING:
     import jinja2
 
 TARGETS = ("prometheus", "vmalert")
-TIERS = ("all", "local", "fleet")  # rules render --tier: the whole pack, or one tier (tiers.py)
+TIERS = ("all", "local", "fleet")
+# One series per node in service with a workload, value the time it was recorded: what peered() joins.
+PEER_WORKLOAD = "gpunode:node_peer_workload:timestamp"  # rules render --tier: the whole pack, or one tier (tiers.py)
 _PACKAGE = resources.files(__package__)
 
 
@@ -120,13 +122,16 @@ def _environment(spec: dict[str, Any], target: str) -> jinja2.Environment:
 
     def peered(expr: str) -> str:
         """expr (one series per node) as peers compare it: nodes in service, each given its workload
-        label (gpunode:node_workload:info); idle nodes, which have none, drop out."""
+        label from PEER_WORKLOAD (recorded once per evaluation by gpunode-peers, so no peer rule pays
+        for newest() again); idle nodes, which have none, drop out. Its value is the time it was
+        recorded: where an old workload lingers, topk keeps the one recorded last."""
         if not spec["peers"]["workload"]:
             return in_service(expr)
-        info = newest("gpunode:node_workload:info")
-        return f"({in_service(expr)} * on ({spec['labels']['node']}) group_left (workload) {info})"
+        node = spec["labels"]["node"]
+        return f"({expr} * on ({node}) group_left (workload) (0 * topk by ({node}) (1, {PEER_WORKLOAD}) + 1))"
 
     env.globals.update(spec=spec, target=target, m=m, in_service=in_service, peered=peered, newest=newest,
+                       PEER_WORKLOAD=PEER_WORKLOAD,
                        node=spec["labels"]["node"], peer=", ".join(peer_key(spec)),
                        label_peer=", ".join(spec["labels"]["peer_group"]))  # checkpoint, NFS: no workload join
     env.filters["duration"] = duration
