@@ -378,9 +378,11 @@ class Fleet:
         self.nodes, self.gpus, self.nfs_mounts = nodes, gpus, nfs_mounts
         self.ops: tuple[str, ...] = NFS_OPS[:nfs_ops]
         self.transport_series = NFS_TRANSPORT_SERIES_ALL
+        self.per_transport = True
         if not every_nfs_series:  # as the exporter serves them by default (docs/series-budget.md)
             self.ops = (*(op for op in self.ops if op in NFS_OPERATIONS), "OTHER")
             self.transport_series = NFS_TRANSPORT_SERIES
+            self.per_transport = False  # a mount's transports summed, transport="all"
         self.rng = random.Random(seed)
         self.families: dict[str, Family] = {}
         self.epoch = time.time()
@@ -702,9 +704,11 @@ class Fleet:
             self.const("gpunode_nfs_rpc_errors_total", "counter", ol, 0)
         max_slots = 128 if saturated else rng.choice((16, 32, 64))
         occupancy = 0.96 * max_slots if saturated else rng.uniform(1, 4)
-        for t in range(nconnect):
+        # Each transport as the exporter's per_transport serves it, or by default their sum
+        # (the same per-send ratios; max_slots the same on each).
+        for t in range(nconnect) if self.per_transport else ("all",):
             tl = f'{{{ml},transport="{t}",protocol="tcp"}}'
-            sends = total_ops / nconnect
+            sends = total_ops / nconnect if self.per_transport else total_ops
             wanted = self.transport_series
             if "sends" in wanted:
                 self.counter("gpunode_nfs_transport_sends_total", tl, 1e7, sends)
@@ -713,7 +717,7 @@ class Fleet:
             if "bad_xids" in wanted:
                 self.const("gpunode_nfs_transport_bad_xids_total", "counter", tl, 0)
             if "connects" in wanted:
-                self.const("gpunode_nfs_transport_connects_total", "counter", tl, 1)
+                self.const("gpunode_nfs_transport_connects_total", "counter", tl, 1 if self.per_transport else nconnect)
             if "in_flight_sum" in wanted:
                 self.counter("gpunode_nfs_transport_in_flight_sum_total", tl, 4e7, sends * occupancy, wobble=0.1)
             if "backlog_sum" in wanted:
@@ -1479,8 +1483,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="NFS mounts per node: 4 with nconnect=8, as the reference node (default); 2: the "
                         "checkpoint mount (nconnect=8) and the home mount (nconnect=1) of the earlier runs")
     p.add_argument("--every-nfs-series", action="store_true",
-                   help="every NFS operation and transport series (nfs.operations and transport_series: all), "
-                        "not the exporter's default")
+                   help="every NFS operation and transport series, each transport on its own (nfs.operations "
+                        "and transport_series: all, per_transport: true), not the exporter's default")
     p.add_argument("--tier", choices=("all", "local", "fleet"), default="all",
                    help="all: the single-server pack (default); local: the per-node tier; fleet: the fleet tier on "
                         "--nodes nodes' recordings, copied from what an earlier all/local run saved (--fleet-inputs)")
