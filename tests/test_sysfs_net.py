@@ -3,7 +3,6 @@ broken in the ways a live /sys can be, and the running kernel's own /sys."""
 
 from __future__ import annotations
 
-import builtins
 import errno
 import json
 import os
@@ -87,12 +86,14 @@ def test_link_speed_missing_or_unreadable(sysfs: Path, monkeypatch: pytest.Monke
     assert link_speed_bytes(sysfs, "enp64s0np0") is None
 
     # A down link: the file is there and open() works, but read() fails with EINVAL.
-    def einval_on_read(path: str | Path, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
-        if Path(path).name == "speed" and Path(path).parent.name == "stor0":
-            raise OSError(errno.EINVAL, "Invalid argument", str(path))
-        return builtins.open(path, *args, **kwargs)  # type: ignore[call-overload]
+    read = os.read
 
-    monkeypatch.setattr(net, "open", einval_on_read, raising=False)  # the module's open(), not everyone's
+    def einval_on_read(fd: int, size: int) -> bytes:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("/stor0/speed"):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return read(fd, size)
+
+    monkeypatch.setattr(net.os, "read", einval_on_read)  # for this test only
     assert link_speed_bytes(sysfs, "stor0") is None
 
 

@@ -57,9 +57,12 @@ def _valid_name(name: str) -> bool:
 
 def _read_line(path: str | Path) -> str | None:
     """The first line of a sysfs attribute, stripped; None if it cannot be read."""
-    try:
-        with open(path, "rb") as attribute:
-            data = attribute.read(4096)
+    try:  # os.open/os.read: a buffered file object costs more than the read (~80 files a scrape)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
     except OSError:  # missing, EINVAL (what an attribute says for "no value"), EIO, EACCES
         return None
     try:
