@@ -124,11 +124,14 @@ def _environment(spec: dict[str, Any], target: str) -> jinja2.Environment:
         """expr (one series per node) as peers compare it: nodes in service, each given its workload
         label from PEER_WORKLOAD (recorded once per evaluation by gpunode-peers, so no peer rule pays
         for newest() again); idle nodes, which have none, drop out. Its value is the time it was
-        recorded: where an old workload lingers, topk keeps the one recorded last."""
+        recorded: where no staleness marker ends a series (a replay, a backfill), one not recorded
+        within peers.workload_fresh is over, and of two workloads topk keeps the one recorded last.
+        The out-of-service marker is applied here too, so that a node leaves its peers at once."""
         if not spec["peers"]["workload"]:
             return in_service(expr)
         node = spec["labels"]["node"]
-        return f"({expr} * on ({node}) group_left (workload) (0 * topk by ({node}) (1, {PEER_WORKLOAD}) + 1))"
+        fresh = f"{PEER_WORKLOAD} > time() - {spec['peers']['workload_fresh']:g}"
+        return f"({in_service(expr)} * on ({node}) group_left (workload) (0 * topk by ({node}) (1, {fresh}) + 1))"
 
     env.globals.update(spec=spec, target=target, m=m, in_service=in_service, peered=peered, newest=newest,
                        PEER_WORKLOAD=PEER_WORKLOAD,
