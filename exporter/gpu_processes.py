@@ -50,7 +50,6 @@ class _Process:
     gpu: bool = False
     fd_count: int = -1  # when last classified (-1 unknown); a young process is re-checked when it changes
     checked_in: int = 0  # the scan that last classified it
-    fds_denied: bool = False
     io: IO | None = None  # last read, GPU processes only
     io_denied: bool = False
     minors: frozenset[int] = frozenset()  # the /dev/nvidiaN it holds
@@ -186,12 +185,10 @@ class ProcessTracker:
         try:
             fd_dir = os.open(f"{self._root}/{pid}/fd", os.O_RDONLY | os.O_DIRECTORY)
         except PermissionError:
-            proc.fds_denied = True
             self._fds_denied.add(pid)
             return
         except OSError:
             return  # exited, or a kernel thread with no fd table
-        proc.fds_denied = False
         self._fds_denied.discard(pid)
         minors = set()
         try:
