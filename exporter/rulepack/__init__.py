@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     import jinja2
 
 TARGETS = ("prometheus", "vmalert")
-TIERS = ("all", "local", "fleet")
+TIERS = ("all", "local", "fleet")  # rules render --tier: the whole pack, or one tier (tiers.py)
 # One series per node in service with a workload, value the time it was recorded: what peered() joins.
-PEER_WORKLOAD = "gpunode:node_peer_workload:timestamp"  # rules render --tier: the whole pack, or one tier (tiers.py)
+PEER_WORKLOAD = "gpunode:node_peer_workload:timestamp"
 _PACKAGE = resources.files(__package__)
 
 
