@@ -51,6 +51,23 @@ def _run(collector: Collector) -> _Result:
     return families, time.perf_counter() - start, None
 
 
+class _Turns:
+    """Collections run one after another on one thread; `since`: when the current one started."""
+
+    def __init__(self, queue: list[tuple[Collector, Future[_Result]]]) -> None:
+        self.queue = queue
+        self.since = time.perf_counter()
+
+    def run(self) -> None:
+        for collector, future in self.queue:
+            if future.set_running_or_notify_cancel():  # else cancelled: it got a thread of its own
+                self.since = time.perf_counter()
+                try:
+                    future.set_result(_run(collector))
+                except BaseException as err:  # SystemExit and the like: raised where the scrape reads it
+                    future.set_exception(err)
+
+
 class Scraper:
     """Collects one scrape's families from our collectors."""
 
@@ -64,25 +81,44 @@ class Scraper:
         self._lock = threading.Lock()
         self._in_flight: dict[str, Future[_Result]] = {}
 
-    def _start(self, collector: Collector) -> Future[_Result]:
+    def _claim(self, collector: Collector) -> tuple[Future[_Result], bool]:
+        """The collection in flight for this collector, or a new one (True) for this scrape to run."""
         with self._lock:
             future = self._in_flight.get(collector.name)
-            if future is None or future.done():
-                future = self._pool.submit(_run, collector)
+            if future is not None and not future.done():
+                return future, False
+            future = self._in_flight[collector.name] = Future()
+            return future, True
+
+    def _own_thread(self, collector: Collector, queued: Future[_Result]) -> Future[_Result]:
+        future = self._pool.submit(_run, collector)
+        with self._lock:
+            if self._in_flight.get(collector.name) is queued:
                 self._in_flight[collector.name] = future
-            return future
+        return future
 
     def collect(self) -> Iterator[Family]:
         started = time.perf_counter()
         deadline = started + self.timeout
-        futures = []
-        for collector in self.collectors:
-            futures.append((collector, self._start(collector)))
-            # One after another while each is quick: Python threads running at once contend for the
-            # GIL, and a scrape took 1.6x as long. One that is slow or stuck holds up the next this long at most.
-            wait([futures[-1][1]], timeout=_STAGGER_SECONDS)
+        futures = [(collector, *self._claim(collector)) for collector in self.collectors]
+        turns = _Turns([(collector, future) for collector, future, new in futures if new])
+        if turns.queue:
+            # One after another on one thread while each is quick: Python threads running at once
+            # contend for the GIL (a scrape took 1.6x as long), and each handoff between threads
+            # costs. One that is slow or stuck holds up the next this long at most: then those
+            # not started yet get a thread each.
+            self._pool.submit(turns.run)
+            last = turns.queue[-1][1]
+            while not wait([last], timeout=max(0.0, turns.since + _STAGGER_SECONDS - time.perf_counter())).done:
+                if time.perf_counter() - turns.since < _STAGGER_SECONDS:
+                    continue
+                for i, (collector, future, new) in enumerate(futures):
+                    if new and future.cancel():  # not started: run it apart
+                        futures[i] = (collector, self._own_thread(collector, future), new)
+                        wait([futures[i][1]], timeout=_STAGGER_SECONDS)
+                break
         success, duration = SUCCESS.family(), DURATION.family()
-        for collector, future in futures:
+        for collector, future, _ in futures:
             try:
                 families, took, error = future.result(timeout=max(0.0, deadline - time.perf_counter()))
                 failure = f"failed: {type(error).__name__}: {error}" if error else None

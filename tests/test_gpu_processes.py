@@ -86,6 +86,20 @@ def test_exit_keeps_the_total(proc: FakeProc) -> None:
     assert (snap.processes, snap.totals) == (0, IO(3001, 901, 31, 10))
 
 
+def test_the_listing_is_followed_as_entries_come_and_go(proc: FakeProc) -> None:
+    tracker = ProcessTracker(proc.root)
+    proc.spawn(10, gpu=True, io=(1, 0, 0, 0))
+    (proc.root / "\u0661\u0662").mkdir()  # Arabic-Indic "12": int() reads it, yet no PID
+    assert tracker.scan().processes == 1
+    proc.spawn(12, gpu=True, io=(2, 0, 0, 0))
+    assert (tracker.scan().processes, tracker.scan().pending) == (2, 0)
+    shutil.rmtree(proc.root / "\u0661\u0662")  # its going takes no PID 12 with it
+    snap = tracker.scan()
+    assert (snap.processes, snap.totals.rchar) == (2, 3)
+    proc.kill(10)
+    assert tracker.scan().processes == 1
+
+
 def test_pid_reuse_is_a_new_process(proc: FakeProc) -> None:
     tracker = ProcessTracker(proc.root)
     proc.spawn(10, gpu=True, io=(1000, 0, 0, 0), start_s=100)

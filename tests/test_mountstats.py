@@ -134,6 +134,24 @@ def test_bad_operation_lines(line: str, reason: str) -> None:
         mountstats.parse_operation(line)
 
 
+@pytest.mark.parametrize("name", ["READ", "RE\x1cAD", "RE\xa0AD", "RE AD", "OPEN_NOATTR"])
+@pytest.mark.parametrize("numbers", ["1 2 3 4 5 6 7 8 9", "1 2 3 4 5 6 7 8", "1 2 3 4 5 6 7 8 18446744073709551616"])
+def test_operations_in_bulk_are_parsed_as_line_by_line(name: str, numbers: str) -> None:
+    # A block of kernel-shaped lines is parsed a column at a time; a name str.split() would cut
+    # in two (non-ASCII or control whitespace), an old kernel's 8 numbers or a number past 64
+    # bits send it to the line parser.
+    lines = [f"\t{name}: {numbers}", "\t        WRITE: 10 10 0 4 5 6 7 8 0"]
+    try:
+        expected: object = [mountstats.parse_operation(line) for line in lines]
+    except mountstats.MountStatsError as err:
+        expected = str(err)
+    try:
+        got: object = mountstats.parse_operations(lines)
+    except mountstats.MountStatsError as err:
+        got = str(err)
+    assert got == expected
+
+
 def test_malformed_section_is_dropped_and_the_rest_kept() -> None:
     good = nfs_section("\txprt:\ttcp 1 0 1 0 0 5 5 0 5 0 1 0 5", "\tper-op statistics",
                        "\t        READ: 1 1 0 1 1 1 1 1 0")

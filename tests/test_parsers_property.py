@@ -90,6 +90,45 @@ def test_mountstats(data: st.DataObject) -> None:
                 assert (numbers.S64_MIN <= value <= numbers.S64_MAX) if name == "idle_time" else _in_u64(value)
 
 
+_OP_LINES = [line for line in _MOUNTSTATS if re.match(r"\s+[A-Z_0-9]+: [0-9 ]+$", line)]
+_XPRT_LINES = [line.split("xprt:", 1)[1] for line in _MOUNTSTATS if line.strip().startswith("xprt:")]
+
+
+def _outcome(parse, *args):  # type: ignore[no-untyped-def]
+    try:
+        return parse(*args)
+    except mountstats.MountStatsError:
+        return "refused"
+
+
+@SETTINGS
+@given(st.data())
+def test_mountstats_operations_in_bulk_as_line_by_line(data: st.DataObject) -> None:
+    # The bulk parser takes a block whole or hands it to the line parser: the result is the same.
+    lines = data.draw(st.lists(st.sampled_from(_OP_LINES), max_size=70))
+    lines = _mutate(lines, data).split("\n") if lines else []
+    lines = [line for line in lines if line.strip()]
+    one_by_one = _outcome(lambda: [mountstats.parse_operation(line) for line in lines])
+    assert _outcome(mountstats.parse_operations, lines) == one_by_one
+
+
+@SETTINGS
+@given(st.data())
+def test_mountstats_transport_as_field_by_field(data: st.DataObject) -> None:
+    rest = _mutate([data.draw(st.sampled_from(_XPRT_LINES))], data)
+    parts = rest.split()
+    names = mountstats.TRANSPORT_FIELDS.get(parts[0] if parts else "", ())
+    try:  # every field checked as the C type the kernel printed it from
+        nums = [numbers.s64(text) if name == "idle_time" else numbers.u64(text)
+                for name, text in zip(names, parts[1:], strict=False)]
+        nums += [numbers.u64(text) for text in parts[1 + len(names):]]  # newer kernels' extra fields
+        expected = dict(zip(names, nums, strict=False)) if len(nums) > names.index("bklog_u") else "refused"
+    except (numbers.KernelNumberError, ValueError):  # ValueError: an unknown transport has no bklog_u
+        expected = "refused"
+    parsed = _outcome(mountstats.parse_transport, rest)
+    assert (parsed if parsed == "refused" else parsed.values) == expected
+
+
 @SETTINGS
 @given(st.text(max_size=400))
 def test_mountstats_any_text(text: str) -> None:

@@ -49,14 +49,14 @@ def device_dir(root: Path, address: str) -> Path:
 def opened_configs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Addresses whose config file the code under test opens."""
     opened: list[str] = []
-    real_open = Path.open
+    real_open = os.open
 
-    def spy(self: Path, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
-        if self.name == "config":
-            opened.append(self.parent.name)
-        return real_open(self, *args, **kwargs)  # type: ignore[arg-type]
+    def spy(path, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        if os.path.basename(path) == "config":
+            opened.append(os.path.basename(os.path.dirname(path)))
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(Path, "open", spy)
+    monkeypatch.setattr(os, "open", spy)
     yield opened
 
 
@@ -140,14 +140,14 @@ def test_config_read_when_runtime_pm_is_off_or_absent(edge_copy: Path) -> None:
 
 
 def test_unreadable_config_is_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_open = Path.open
+    real_open = os.open
 
-    def deny(self: Path, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
-        if self.name == "config" and self.parent.name == UNREADABLE:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_open(self, *args, **kwargs)  # type: ignore[arg-type]
+    def deny(path, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        if str(path).endswith(f"/{UNREADABLE}/config"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(Path, "open", deny)
+    monkeypatch.setattr(os, "open", deny)
     gpus = by_address(nvidia_gpus(EDGE))
     assert gpus[UNREADABLE] == PCIGPU(UNREADABLE, H100_SXM5, REV_A1, responding=None)
     assert gpus["0000:1b:00.0"].responding is True

@@ -125,6 +125,34 @@ def test_quick_collectors_run_one_after_another() -> None:
     assert len(spans) == 4 and all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
 
 
+class Where(Collector):
+    """Records the thread it ran on."""
+
+    description = "test"
+    metrics = (OK,)
+
+    def __init__(self, name: str) -> None:
+        self.name, self.threads = name, []
+
+    def collect(self) -> Iterator[Family]:
+        self.threads.append(threading.get_ident())
+        yield OK.family()
+
+
+def test_quick_collectors_share_one_thread() -> None:
+    # A handoff between threads costs more than a quick collector: a scrape's run in turn on one.
+    collectors = [Where(f"c{i}") for i in range(6)]
+    scraper = Scraper(collectors, timeout=5)
+    try:
+        for _ in range(3):
+            samples(scraper)
+    finally:
+        scraper.close(wait=True)
+    for scrape in range(3):
+        assert len({c.threads[scrape] for c in collectors}) == 1
+        assert collectors[0].threads[scrape] != threading.get_ident()
+
+
 def test_a_slow_collector_holds_up_the_next_briefly_only() -> None:
     release = threading.Event()
     stuck, quick = Fake("stuck", "hang", release), Timed("quick", 0)

@@ -69,10 +69,6 @@ SLOT_TABLE_LIMIT = MetricSpec("gpunode_nfs_slot_table_limit", "gauge",
 PARSE_ERRORS = MetricSpec("gpunode_nfs_parse_errors_total", "counter",
                           "Malformed mountstats sections skipped, counted on every read that saw one.")
 
-# Operation fields summed into op="OTHER" (errors apart: old kernels lack it).
-_SUMMED = ("requests", "transmissions", "major_timeouts", "sent_bytes", "received_bytes", "queue_ms", "rtt_ms",
-           "execute_ms")
-
 # Transport metrics and the xprt field each comes from.
 _TRANSPORT_FIELDS = (
     (SENDS, "sends"), (RECEIVES, "recvs"), (BAD_XIDS, "bad_xids"), (CONNECTS, "connect_count"),
@@ -210,9 +206,9 @@ class NFSCollector(Collector):
         rest = [op for op in mount.operations if wanted is not None and op.name not in wanted]
         served = mount.operations if not rest else [op for op in mount.operations if op.name in wanted]
         if rest:  # summed into one: counters stay counters, and the mount's totals stay whole
+            _, *counts, failed = zip(*rest, strict=True)  # columns
             served.append(mountstats.Operation(
-                "OTHER", *(sum(getattr(op, f) for op in rest) for f in _SUMMED),
-                errors=None if any(op.errors is None for op in rest) else sum(op.errors for op in rest)))
+                "OTHER", *map(sum, counts), errors=None if None in failed else sum(failed)))
         for op in served:
             labels = (mount.mountpoint, mount.export, op.name)
             ops.append((labels, op.requests))

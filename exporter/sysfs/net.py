@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from exporter.numbers import KernelNumberError, s64, u64
+from exporter.sysfs import read_line
 
 # SPEED_UNKNOWN (include/uapi/linux/ethtool.h: (__u32)-1) as "%d" and as "%u".
 _UNKNOWN_SPEEDS = frozenset({-1, 0xFFFFFFFF})
@@ -55,28 +56,12 @@ def _valid_name(name: str) -> bool:
             and not any(c == "/" or c == ":" or c.isspace() for c in name))
 
 
-def _read_line(path: str | Path) -> str | None:
-    """The first line of a sysfs attribute, stripped; None if it cannot be read."""
-    try:  # os.open/os.read: a buffered file object costs more than the read (~80 files a scrape)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            data = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-    except OSError:  # missing, EINVAL (what an attribute says for "no value"), EIO, EACCES
-        return None
-    try:
-        return data.decode("ascii").split("\n", 1)[0].strip()
-    except UnicodeDecodeError:
-        return None
-
-
 def link_speed_bytes(sysfs: Path, device: str) -> float | None:
     """<sysfs>/class/net/DEV/speed (Mb/s) as bytes/s; None when unknown: file missing, -1/4294967295 (unknown),
     or reading fails with EINVAL (link down: the kernel returns an error for speed then)."""
     if not _valid_name(device):
         return None
-    text = _read_line(sysfs / "class" / "net" / device / "speed")
+    text = read_line(sysfs / "class" / "net" / device / "speed")
     if text is None:
         return None
     try:
@@ -169,49 +154,55 @@ def _natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part)
 
 
-def _listdir(path: Path) -> list[str]:
+def _listdir(path: str | int) -> list[str]:
     try:
         return os.listdir(path)
     except OSError:  # missing, not a directory, or removed while we looked
         return []
 
 
-def _hw_counters(directory: Path, names: Collection[str] | None = None) -> tuple[dict[str, int], int]:
+def _hw_counters(directory: str | Path, names: Collection[str] | None = None) -> tuple[dict[str, int], int]:
     """(counters, files that hold no kernel number), of `names` only if given (a scrape reads ~16 of ~30)."""
     counters: dict[str, int] = {}
     malformed = 0
-    present = _listdir(directory)
-    base = os.fspath(directory)  # string paths: a Path per file costs as much as reading it
-    for name in sorted(present if names is None else set(present).intersection(names)):
-        if name in _NOT_COUNTERS:
-            continue
-        text = _read_line(os.path.join(base, name))  # a driver whose query fails makes the read fail: skip it
-        if text is None:
-            continue
-        try:
-            counters[name] = u64(text)  # "%llu"; a negative or odd number is no counter
-        except KernelNumberError:
-            malformed += 1
+    try:  # each file opened relative to the directory: one path component to look up, not seven
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return counters, malformed
+    try:
+        present = _listdir(dir_fd)
+        for name in sorted(present if names is None else set(present).intersection(names)):
+            if name in _NOT_COUNTERS:
+                continue
+            text = read_line(name, dir_fd=dir_fd)  # a driver whose query fails makes the read fail: skip it
+            if text is None:
+                continue
+            try:
+                counters[name] = u64(text)  # "%llu"; a negative or odd number is no counter
+            except KernelNumberError:
+                malformed += 1
+    finally:
+        os.close(dir_fd)
     return counters, malformed
 
 
-def _netdev_of_function(ibdev: Path, port: str) -> str:
+def _netdev_of_function(ibdev: str, port: str) -> str:
     """The fallback: the netdev of the RDMA device's own PCI function."""
-    net = ibdev / "device" / "net"
+    net = os.path.join(ibdev, "device", "net")
     names = [name for name in _listdir(net) if _valid_name(name)]
     if len(names) == 1:
         return names[0]
     # Several netdevs on one function: the one for this port. dev_port counts from 0
     # (mlx4_en sets it to port - 1); representors and others won't match.
-    matches = [name for name in names if _read_line(net / name / "dev_port") == str(int(port) - 1)]
+    matches = [name for name in names if read_line(os.path.join(net, name, "dev_port")) == str(int(port) - 1)]
     return matches[0] if len(matches) == 1 else ""
 
 
-def _roce_netdev(ibdev: Path, port: str) -> str:
+def _roce_netdev(ibdev: str, port: str) -> str:
     """The netdev the RDMA core uses for a RoCE port, "" if it cannot tell."""
-    ndevs = ibdev / "ports" / port / "gid_attrs" / "ndevs"
+    ndevs = os.path.join(ibdev, "ports", port, "gid_attrs", "ndevs")
     for index in ("0", "1"):  # the default GIDs; "1" covers a device with only RoCE v2 there
-        name = _read_line(ndevs / index)
+        name = read_line(os.path.join(ndevs, index))
         if name and _valid_name(name):
             return name
     return _netdev_of_function(ibdev, port)
@@ -221,18 +212,19 @@ def rdma_ports(sysfs: Path, counters: Collection[str] | None = None) -> list[RDM
     """<sysfs>/class/infiniband/*/ports/*, sorted by device (mlx5_2 before mlx5_10) then port number.
     [] if there is no class/infiniband (no RDMA drivers loaded). counters: the hw_counters to read
     (default every one)."""
-    root = sysfs / "class" / "infiniband"
+    root = os.path.join(sysfs, "class", "infiniband")  # string paths: a Path per file costs as much as its read
     found: list[RDMAPort] = []
     for device in sorted(_listdir(root), key=_natural_key):
-        ibdev = root / device
-        for port in sorted((p for p in _listdir(ibdev / "ports") if p.isdigit()), key=int):
-            port_dir = ibdev / "ports" / port
-            if not port_dir.is_dir():
+        ibdev = os.path.join(root, device)
+        for port in sorted((p for p in _listdir(os.path.join(ibdev, "ports")) if p.isdigit()), key=int):
+            port_dir = os.path.join(ibdev, "ports", port)
+            if not os.path.isdir(port_dir):
                 continue
-            link_layer = _read_line(port_dir / "link_layer") or ""
+            link_layer = read_line(os.path.join(port_dir, "link_layer")) or ""
             if link_layer not in ("Ethernet", "InfiniBand"):
                 link_layer = ""  # "Unknown" (iWARP and others), or unreadable
             # An InfiniBand port has no Ethernet netdev (ib0 is IPoIB, a separate device).
             netdev = _roce_netdev(ibdev, port) if link_layer == "Ethernet" else ""
-            found.append(RDMAPort(device, port, netdev, link_layer, *_hw_counters(port_dir / "hw_counters", counters)))
+            hw_counters = _hw_counters(os.path.join(port_dir, "hw_counters"), counters)
+            found.append(RDMAPort(device, port, netdev, link_layer, *hw_counters))
     return found

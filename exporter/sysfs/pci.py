@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from exporter.sysfs import read_attribute
+
 NVIDIA_VENDOR_ID = 0x10DE
 DISPLAY_BASE_CLASS = 0x03  # 0x0300 VGA, 0x0301 XGA, 0x0302 3D controller, 0x0380 other display
 
@@ -90,9 +92,10 @@ def _read_hex(path: Path) -> int:
     return int(text, 16)
 
 
-def _responding(device_dir: Path) -> bool | None:
+def _responding(device_dir: str) -> bool | None:
     try:
-        runtime_status: str | None = (device_dir / "power" / "runtime_status").read_text().strip()
+        status = read_attribute(os.path.join(device_dir, "power", "runtime_status"))
+        runtime_status: str | None = status.decode().strip()
     except FileNotFoundError:
         runtime_status = None  # kernel without CONFIG_PM: nothing is ever runtime-suspended
     except (OSError, UnicodeDecodeError):
@@ -100,8 +103,7 @@ def _responding(device_dir: Path) -> bool | None:
     if runtime_status is not None and runtime_status not in _SAFE_RUNTIME_STATES:
         return None
     try:
-        with (device_dir / "config").open("rb") as config:
-            header = config.read(_CONFIG_HEADER_BYTES)
+        header = read_attribute(os.path.join(device_dir, "config"), _CONFIG_HEADER_BYTES)
     except OSError:  # PermissionError, EIO, the device being removed under us
         return None
     if len(header) < 2:
@@ -166,7 +168,7 @@ class BusScanner:
             if identity is _NOT_A_GPU:
                 continue
             device_id, revision = identity
-            found.append((key, PCIGPU(address, device_id, revision, _responding(self.devices / name))))
+            found.append((key, PCIGPU(address, device_id, revision, _responding(os.path.join(self.devices, name)))))
         # Numeric order, so that domain 10000 sorts after ffff.
         return [gpu for _, gpu in sorted(found, key=lambda item: item[0])]
 
