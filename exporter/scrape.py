@@ -51,21 +51,40 @@ def _run(collector: Collector) -> _Result:
     return families, time.perf_counter() - start, None
 
 
+def _fulfil(collector: Collector, future: Future[_Result]) -> None:
+    future.set_running_or_notify_cancel()
+    try:
+        future.set_result(_run(collector))
+    except BaseException as err:  # SystemExit and the like: raised where the scrape reads it
+        future.set_exception(err)
+
+
 class _Turns:
-    """Collections run one after another on one thread; `since`: when the current one started."""
+    """Collections run one after another on one thread; `since`: when the current one started.
+    rest() takes those not started yet away from it (each to a thread of its own)."""
 
     def __init__(self, queue: list[tuple[Collector, Future[_Result]]]) -> None:
         self.queue = queue
         self.since = time.perf_counter()
+        self._lock = threading.Lock()
+        self._next = 0
+
+    def _take(self) -> tuple[Collector, Future[_Result]] | None:
+        with self._lock:
+            if self._next == len(self.queue):
+                return None
+            self._next += 1
+            return self.queue[self._next - 1]
+
+    def rest(self) -> list[tuple[Collector, Future[_Result]]]:
+        with self._lock:
+            taken, self._next = self.queue[self._next:], len(self.queue)
+            return taken
 
     def run(self) -> None:
-        for collector, future in self.queue:
-            if future.set_running_or_notify_cancel():  # else cancelled: it got a thread of its own
-                self.since = time.perf_counter()
-                try:
-                    future.set_result(_run(collector))
-                except BaseException as err:  # SystemExit and the like: raised where the scrape reads it
-                    future.set_exception(err)
+        while (item := self._take()) is not None:
+            self.since = time.perf_counter()
+            _fulfil(*item)
 
 
 class Scraper:
@@ -90,18 +109,12 @@ class Scraper:
             future = self._in_flight[collector.name] = Future()
             return future, True
 
-    def _own_thread(self, collector: Collector, queued: Future[_Result]) -> Future[_Result]:
-        future = self._pool.submit(_run, collector)
-        with self._lock:
-            if self._in_flight.get(collector.name) is queued:
-                self._in_flight[collector.name] = future
-        return future
-
     def collect(self) -> Iterator[Family]:
         started = time.perf_counter()
         deadline = started + self.timeout
-        futures = [(collector, *self._claim(collector)) for collector in self.collectors]
-        turns = _Turns([(collector, future) for collector, future, new in futures if new])
+        claimed = [(collector, *self._claim(collector)) for collector in self.collectors]
+        futures = [(collector, future) for collector, future, _ in claimed]
+        turns = _Turns([(collector, future) for collector, future, new in claimed if new])
         if turns.queue:
             # One after another on one thread while each is quick: Python threads running at once
             # contend for the GIL (a scrape took 1.6x as long), and each handoff between threads
@@ -112,13 +125,12 @@ class Scraper:
             while not wait([last], timeout=max(0.0, turns.since + _STAGGER_SECONDS - time.perf_counter())).done:
                 if time.perf_counter() - turns.since < _STAGGER_SECONDS:
                     continue
-                for i, (collector, future, new) in enumerate(futures):
-                    if new and future.cancel():  # not started: run it apart
-                        futures[i] = (collector, self._own_thread(collector, future), new)
-                        wait([futures[i][1]], timeout=_STAGGER_SECONDS)
+                for collector, future in turns.rest():  # not started: each on a thread of its own
+                    self._pool.submit(_fulfil, collector, future)
+                    wait([future], timeout=_STAGGER_SECONDS)
                 break
         success, duration = SUCCESS.family(), DURATION.family()
-        for collector, future, _ in futures:
+        for collector, future in futures:
             try:
                 families, took, error = future.result(timeout=max(0.0, deadline - time.perf_counter()))
                 failure = f"failed: {type(error).__name__}: {error}" if error else None

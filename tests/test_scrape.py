@@ -167,3 +167,25 @@ def test_a_slow_collector_holds_up_the_next_briefly_only() -> None:
     finally:
         release.set()
         scraper.close(wait=True)
+
+
+def test_a_scrape_that_joins_another_gets_what_that_one_moved_to_a_thread_of_its_own() -> None:
+    # The second scrape joins the first's collections; the first moves `quick`, stuck behind
+    # `stuck`, to a thread of its own: the second still gets its result.
+    release = threading.Event()
+    stuck, quick = Fake("stuck", "hang", release), Timed("quick", 0)
+    scraper = Scraper([stuck, quick], timeout=1)
+    first: dict[tuple[str, str], float] = {}
+    try:
+        other = threading.Thread(target=lambda: first.update(samples(scraper)))
+        other.start()
+        time.sleep(0.01)
+        second = samples(scraper)
+        other.join()
+    finally:
+        release.set()
+        scraper.close(wait=True)
+    for got in (first, second):
+        assert got[("gpunode_scrape_collector_success", "quick")] == 1
+        assert got[("gpunode_scrape_collector_success", "stuck")] == 0
+    assert stuck.calls == 1 and len(quick.spans) == 1
