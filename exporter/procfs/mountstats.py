@@ -45,7 +45,8 @@ _U64_FIELDS = re.compile(r"[ \t]*(?:[0-9]{1,20}(?:[ \t]+|\Z))*", re.ASCII)
 # A per-op block as kernels >= 5.3 print it: every line a name and 9 numbers. Such a block is
 # parsed in bulk (a column at a time); any other line sends the block to parse_operation.
 _OP_FIELDS = 9
-_OP_BLOCK = re.compile(r"(?:[ \t]*[!-9;-~]+:(?:[ \t]+[0-9]{1,20}){9}[ \t]*(?:\n|\Z))*")  # names: printable ASCII
+_OP_LINE = rf"[ \t]*[!-9;-~]+:(?:[ \t]+[0-9]{{1,20}}){{{_OP_FIELDS}}}[ \t]*"  # names: printable ASCII
+_OP_BLOCK = re.compile(rf"(?:{_OP_LINE}(?:\n|\Z))*")
 _OCTAL_ESCAPE_RE = re.compile(r"\\([0-7]{3})")
 # Times above this are negative sums wrapped to u64 by old kernels (procfs #166).
 WRAPPED_THRESHOLD = 1 << 63

@@ -86,7 +86,7 @@ _HEX = re.compile(rb"0x[0-9a-fA-F]{1,8}")
 
 def _read_hex(path: Path) -> int:
     """"0x10de\n" (ValueError otherwise: int(_, 16) alone would take "_" and Unicode digits)."""
-    text = path.read_bytes().strip()
+    text = read_attribute(path).strip()
     if _HEX.fullmatch(text) is None:
         raise ValueError(f"{path}: not a sysfs hex id: {text[:20]!r}")
     return int(text, 16)
