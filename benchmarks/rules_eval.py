@@ -107,6 +107,7 @@ VICTORIA = "/usr/bin/victoria-metrics"
 VMALERT = "/usr/bin/vmalert"
 TARGET_SECONDS = 1.0  # the target: every group under 1 s per evaluation
 POLL_SECONDS = 5.0
+ALONE_REPEATS = 3  # each group's rules run alone at the end, this many times
 PREWRITE_SLICE = 900.0  # seconds of every series per pass
 PREWRITE_LEAD = 360.0  # seconds of input before the rules start: full 5 min windows at the first evaluation
 TAU = 2 * math.pi
@@ -920,6 +921,7 @@ class Evaluations:
     """Per group: each evaluation's duration (s) seen during the measurement; per rule likewise."""
 
     groups: dict[str, list[float]] = field(default_factory=dict)
+    starts: dict[str, list[float]] = field(default_factory=dict)  # unix time each evaluation began
     rules: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     last_seen: dict[str, Any] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
@@ -941,6 +943,7 @@ def record_rules(evals: Evaluations, groups: list[dict[str, Any]], record: bool,
                 evals.errors[f"{key}/{rule.get('name')}"] = rule["lastError"]
         if not record:
             continue
+        evals.starts.setdefault(key, []).append(datetime.datetime.fromisoformat(stamp).timestamp())
         per_rule = evals.rules.setdefault(key, {})
         for i, rule in enumerate(g["rules"]):
             per_rule.setdefault(f"{i:02d} {rule.get('name')}", []).append(rule.get("evaluationTime", 0.0))
@@ -959,6 +962,9 @@ class Backend:
 
     @property
     def query_url(self) -> str:
+        raise NotImplementedError
+
+    def stop_rules(self) -> None:
         raise NotImplementedError
 
     def query(self, expr: str) -> list[dict[str, Any]]:
@@ -1028,6 +1034,10 @@ class PrometheusBackend(Backend):
     @property
     def query_url(self) -> str:
         return self.url
+
+    def stop_rules(self) -> None:
+        self.config.write_text(self._config(rules=False))
+        requests.post(f"{self.url}/-/reload", timeout=60).raise_for_status()
 
     def poll(self, record: bool) -> None:
         groups = requests.get(f"{self.url}/api/v1/rules", timeout=30).json()["data"]["groups"]
@@ -1103,6 +1113,9 @@ class VictoriaBackend(Backend):
     @property
     def query_url(self) -> str:
         return self.url
+
+    def stop_rules(self) -> None:
+        self.procs[-1].stop()  # vmalert
 
     def _vmalert_metrics(self) -> dict[str, list[tuple[dict[str, str], float]]]:
         return parse_metrics(requests.get(f"{self.alert_url}/metrics", timeout=30).text)
@@ -1255,6 +1268,31 @@ def prewrite(backend: Backend, fleet: Fleet, plan: dict[str, dict[str, Any]],
             "lead_s": {"default": PREWRITE_LEAD, **lead}}
 
 
+def alone(backend: Backend, repeats: int = ALONE_REPEATS) -> dict[str, dict[str, Any]]:
+    """Each group's rules as instant queries one after another, with the rules stopped and nothing
+    else running: what a group costs on its own, beside what its evaluations took among all the
+    others. (The queries of alert templates are not in it; an HTTP query also pays for its JSON.)"""
+    backend.stop_rules()
+    time.sleep(2)
+    at = time.time() - 5  # the recordings of the last evaluations are there
+    session = requests.Session()
+    out = {}
+    for path in sorted(backend.rules.glob("*.yml")):
+        for g in rule_groups(path):
+            totals, series = [], 0
+            for _ in range(repeats):
+                total = 0.0
+                for rule in g.get("rules") or []:
+                    begin = time.perf_counter()
+                    r = session.get(f"{backend.query_url}/api/v1/query", timeout=120,
+                                    params={"query": rule["expr"], "time": f"{at:.3f}", "step": "5m"})
+                    total += time.perf_counter() - begin
+                    series += len(r.json().get("data", {}).get("result") or []) if r.ok else 0
+                totals.append(total)
+            out[f"{file_key(path)}/{g['name']}"] = {"p50_s": percentile(totals, 0.5), "series": series // repeats}
+    return out
+
+
 def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recorded: set[str],
                 args: argparse.Namespace) -> dict[str, Any]:
     renders_before = len(gen.renders)
@@ -1332,6 +1370,8 @@ def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recor
     out["counters_start"], out["counters_end"] = counters0, counters1
     out["tsdb"] = counters1.get("_tsdb", {})
 
+    intervals = {f"{file_key(path)}/{g['name']}": _seconds(g.get("interval"), args.eval_interval)
+                 for path in backend.rules.glob("*.yml") for g in rule_groups(path)}  # as run here
     groups = {}
     for key, durations in backend.evals.groups.items():
         c0, c1 = counters0.get(key, {}), counters1.get(key, {})
@@ -1341,6 +1381,10 @@ def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recor
             "iterations_missed_during_measure": c1.get("missed", 0) - c0.get("missed", 0),
             "iterations_missed_total": c1.get("missed", 0),
             "evaluation_failures_during_measure": c1.get("failures", 0) - c0.get("failures", 0),
+            # when in its interval the group starts (both engines offset each group by a hash of
+            # its file and name): groups that start together share the CPUs
+            "start_phase_s": round(percentile([t % intervals[key] for t in backend.evals.starts[key]], 0.5), 2)
+            if backend.evals.starts.get(key) else None,
             **{k: v for k, v in c1.items() if k.startswith("summary_q")}}
         if key in backend.evals.rules:
             per_rule = {name: {"p50_s": percentile(d, 0.5), "max_s": max(d)}
@@ -1375,6 +1419,11 @@ def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recor
                         "render_s": summarize([r[1] for r in renders]) if renders else {},
                         "body_mib": round(renders[-1][2] / 2**20, 1) if renders else None}
     out["backfill"] = backfill
+    print(f"  {backend.label}: each group alone ({ALONE_REPEATS} times)", flush=True)
+    out["alone"] = alone(backend)
+    for key, a in out["alone"].items():
+        if key in out["groups"]:
+            out["groups"][key]["alone_p50_s"] = a["p50_s"]
     return out
 
 
@@ -1418,8 +1467,8 @@ def table(results: dict[str, Any]) -> list[str]:
     head = "| group (file/name) | rules | interval |"
     line = "|---|---:|---|"
     for b in backends.values():
-        head += f" {b['label']}: last / p50 / max ms (evals) | missed |"
-        line += "---:|---:|"
+        head += f" {b['label']}: last / p50 / max ms (evals) | alone ms | start s | missed |"
+        line += "---:|---:|---:|---:|"
     rows = [head, line]
     for key in keys:
         g = results["groups"].get(key, {})
@@ -1431,10 +1480,12 @@ def table(results: dict[str, Any]) -> list[str]:
         for b in backends.values():
             x = b["groups"].get(key)
             if not x or not x.get("evaluations"):
-                row += " not evaluated | |"
+                row += " not evaluated | | | |"
                 continue
+            alone = f"{x['alone_p50_s'] * 1000:.0f}" if "alone_p50_s" in x else "-"
+            phase = "-" if x.get("start_phase_s") is None else f"{x['start_phase_s']:.1f}"
             row += (f" {x['last_s'] * 1000:.1f} / {x['p50_s'] * 1000:.1f} / {x['max_s'] * 1000:.1f} "
-                    f"({x['evaluations']}) | {x['iterations_missed_during_measure']:g} |")
+                    f"({x['evaluations']}) | {alone} | {phase} | {x['iterations_missed_during_measure']:g} |")
         rows.append(row)
     rows.append("")
     rows.append("| | " + " | ".join(b["label"] for b in backends.values()) + " |")
@@ -1531,15 +1582,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.tier != "all":
         RULE_DIRS.update(fleet_dirs if args.tier == "fleet" else render_tier(args.tier, rendered))
     reads, recorded, bad = rule_reads("prometheus")
-    groups = {f"{file_key(g.file)}/{g.name}": {"rules": g.rules, "records": g.records, "alerts": g.alerts,
-                                      "interval_s": g.interval}
-              for g in load_groups("prometheus", args.eval_interval)}
-    vm_groups = {f"{file_key(g.file)}/{g.name}" for g in load_groups("vmalert", args.eval_interval)}
+    groups: dict[str, dict[str, Any]] = {}
+    for target in ("prometheus", "vmalert"):  # some groups are one target's only (docs/scaling.md)
+        for g in load_groups(target, args.eval_interval):
+            groups.setdefault(f"{file_key(g.file)}/{g.name}", {
+                "rules": g.rules, "records": g.records, "alerts": g.alerts, "interval_s": g.interval, "targets": []
+            })["targets"].append(target)
     print(f"rule pack: {len(rule_files('prometheus'))} files in rules/prometheus "
           f"({', '.join(p.name for p in rule_files('prometheus'))}), {len(groups)} groups, "
           f"{sum(g['rules'] for g in groups.values())} rules", flush=True)
-    if set(groups) != vm_groups:
-        print(f"WARNING: rules/prometheus and rules/vmalert differ in groups: {sorted(set(groups) ^ vm_groups)}")
+    one = sorted(f"{short(k)} ({g['targets'][0]})" for k, g in groups.items() if len(g["targets"]) == 1)
+    if one:
+        print(f"groups of one target only: {', '.join(one)}")
     for line in bad:
         print(f"WARNING: cannot parse {line}")
 
