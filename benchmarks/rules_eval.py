@@ -1381,8 +1381,8 @@ def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recor
             "iterations_missed_during_measure": c1.get("missed", 0) - c0.get("missed", 0),
             "iterations_missed_total": c1.get("missed", 0),
             "evaluation_failures_during_measure": c1.get("failures", 0) - c0.get("failures", 0),
-            # when in its interval the group starts (both engines offset each group by a hash of
-            # its file and name): groups that start together share the CPUs
+            # when in its interval the group starts (both engines spread groups over it, Prometheus
+            # by a hash of file and name): groups that start together share the CPUs
             "start_phase_s": round(percentile([t % intervals[key] for t in backend.evals.starts[key]], 0.5), 2)
             if backend.evals.starts.get(key) else None,
             **{k: v for k, v in c1.items() if k.startswith("summary_q")}}
