@@ -33,7 +33,10 @@ all or local run saves what the fleet tier reads (the local recordings at the en
 first backend's measurement) to --fleet-inputs; a fleet run copies it to --nodes nodes (each
 copy its own nodes and jobs) and writes it, one sample per evaluation interval.
 
-After --warmup (long-window inputs are backfilled, see --backfill-days) every group
+After --warmup (long-window inputs are backfilled, see --backfill-days; so are recordings read
+further back than the warm-up, such as the 3 hours of `relative` each fail-slow baseline reads:
+once the rules have recorded them, at the value recorded, every interval of the group recording
+them, up to just before the rules' first evaluation) every group
 evaluation during --measure is recorded: Prometheus' /api/v1/rules (evaluationTime, the value
 of prometheus_rule_group_last_duration_seconds, per group and rule) and vmalert's
 vmalert_iteration_duration_seconds (per-evaluation durations from the summary's _sum/_count
@@ -238,17 +241,18 @@ def selectors(node: Any, reach: float = 0.0) -> Iterator[tuple[str, float]]:
         yield from selectors(child, reach)
 
 
-def rule_reads(target: str, files: list[Path] | None = None) -> tuple[dict[str, float], set[str], list[str]]:
-    """Metric name -> farthest back any rule reads it (range + offset, s); recorded names; expressions
-    that fail to parse."""
+def rule_reads(target: str, files: list[Path] | None = None) -> tuple[dict[str, float], dict[str, float], list[str]]:
+    """Metric name -> farthest back any rule reads it (range + offset, s); recorded name -> the
+    shortest interval of a group recording it (s, as in the pack); expressions that fail to parse."""
     reads: dict[str, float] = {}
-    recorded: set[str] = set()
+    recorded: dict[str, float] = {}
     bad = []
     for path in rule_files(target) if files is None else files:
         for g in rule_groups(path):
+            interval = _seconds(g.get("interval"), 60.0)  # Prometheus' default evaluation_interval
             for rule in g.get("rules") or []:
                 if "record" in rule:
-                    recorded.add(rule["record"])
+                    recorded[rule["record"]] = min(recorded.get(rule["record"], interval), interval)
                 try:
                     tree = promql_parser.parse(rule["expr"])
                 except (ValueError, TypeError) as err:
@@ -1193,10 +1197,13 @@ def write_backfill(path: Path, series: dict[str, list[tuple[dict[str, str], floa
 # --- one backend's run ---------------------------------------------------------------------
 
 
-def backfill_plan(reads: dict[str, float], recorded: set[str], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+def backfill_plan(reads: dict[str, float], recorded: dict[str, float],
+                  args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """What history a short run lacks, per metric: "long" (read over >= 1 day, raw or recorded):
     hourly points up to --backfill-days; "raw" (a scraped metric read further back than the
-    warm-up, < 1 day): points every scrape interval over that reach plus the 5 min lookback."""
+    warm-up, < 1 day): points every scrape interval over that reach plus the 5 min lookback;
+    "recorded" (a recording read further back than the warm-up, < 1 day: the fail-slow
+    baseline's 3 hours): points every interval of the group recording it, over that reach."""
     plan = {}
     for name, reach in reads.items():
         if not name or name in ("ALERTS", "ALERTS_FOR_STATE"):
@@ -1204,22 +1211,26 @@ def backfill_plan(reads: dict[str, float], recorded: set[str], args: argparse.Na
         if reach >= 86400 and args.backfill_days > 0:
             plan[name] = {"tier": "long", "reach_s": reach, "step_s": 3600.0,
                           "span_s": min(reach, args.backfill_days * 86400) + 3600}
-        elif name not in recorded and args.warmup * 0.8 < reach < 86400:
-            plan[name] = {"tier": "raw", "reach_s": reach, "step_s": float(args.scrape_interval),
+        elif args.warmup * 0.8 < reach < 86400:
+            step = recorded[name] if name in recorded else float(args.scrape_interval)
+            plan[name] = {"tier": "recorded" if name in recorded else "raw", "reach_s": reach, "step_s": step,
                           "span_s": reach + 300}
     return plan
 
 
 def do_backfill(backend: Backend, plan: dict[str, dict[str, Any]], tier: str, end: float) -> dict[str, Any]:
     """Each planned metric's series as the backend holds them now (the smallest value seen in the
-    last 10 min: a counter's earliest, so the history does not look like a reset), up to end."""
+    last 10 min: a counter's earliest, so the history does not look like a reset; of a recording,
+    the series of the latest evaluation only, as a node in service has one basis for hours), up to end."""
     out: dict[str, Any] = {}
     start = time.perf_counter()
     for name, p in plan.items():
         if p["tier"] != tier:
             continue
-        found = [(r["metric"], float(r["value"][1]))
-                 for r in backend.query(f'min_over_time({{__name__="{name}"}}[10m])')]
+        selector = f'{{__name__="{name}"}}'
+        query = (f"{selector} and timestamp({selector}) > scalar(max(timestamp({selector}))) - {p['step_s'] / 2:g}"
+                 if tier == "recorded" else f"min_over_time({selector}[10m])")
+        found = [(r["metric"], float(r["value"][1])) for r in backend.query(query)]
         points = backend.backfill({name: found}, end - p["span_s"], end, p["step_s"]) if found else 0
         out[name] = {**p, "series": len(found), "samples": points}
     out["_seconds"] = round(time.perf_counter() - start, 1)
@@ -1293,7 +1304,7 @@ def alone(backend: Backend, repeats: int = ALONE_REPEATS) -> dict[str, dict[str,
     return out
 
 
-def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recorded: set[str],
+def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recorded: dict[str, float],
                 args: argparse.Namespace) -> dict[str, Any]:
     renders_before = len(gen.renders)
     posts_before = gen.posts
@@ -1316,34 +1327,43 @@ def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recor
     backfill: dict[str, Any] = {"plan": plan}
     # Raw history first (a rule that reads it may only then record what the long tier needs; the
     # prewritten input has it), the long tier once Prometheus has loaded the first blocks (it
-    # looks every minute).
+    # looks every minute). Recorded history once the rules have recorded a value to hold.
     todo, retried = dict(plan), False
     due = {"raw": t0 + 2 * args.scrape_interval + 15 if args.input == "scrape" else math.inf,
-           "long": t0 + 75 if args.input == "prewritten" else math.inf}
+           "long": t0 + 75 if args.input == "prewritten" else math.inf, "recorded": t0 + 75}
     while time.time() < t0 + args.warmup:
         for p in backend.procs:
             p.check_running()
         backend.poll(record=False)
-        for tier in ("raw", "long"):
+        for tier in ("raw", "long", "recorded"):
             if time.time() < due[tier]:
                 continue
             due[tier] = math.inf
             if any(p["tier"] == tier for p in todo.values()):
-                end = (t0 if tier == "raw" else history_starts) - 60
+                # Before what the backend holds, so no series has two samples at one time: the raw
+                # input's start, or the rules' first evaluation.
+                end = {"raw": t0 - 60, "long": history_starts - 60, "recorded": t0 - 1}[tier]
                 done = do_backfill(backend, todo, tier, end)
+                first = tier not in backfill
                 backfill.setdefault(tier, {}).update(done)
                 found = {n: v["series"] for n, v in done.items() if not n.startswith("_")}
-                print(f"  {backend.label}: backfilled ({tier}) {found} in {done['_seconds']} s", flush=True)
-                # A recording vmalert has not written yet: once more, a minute later.
+                if first or any(found.values()):  # not every retry that finds nothing
+                    print(f"  {backend.label}: backfilled ({tier}) {found} in {done['_seconds']} s", flush=True)
+                # A recording vmalert has not written yet: once more, a minute later; a recording
+                # the rules have not made yet (the baseline, once it has its history): every 30 s.
                 todo = {n: p for n, p in todo.items() if p["tier"] != tier or found.get(n) == 0}
                 if tier == "long" and any(p["tier"] == "long" for p in todo.values()) and not retried:
                     retried, due["long"] = True, time.time() + 60
+                if tier == "recorded" and any(p["tier"] == "recorded" for p in todo.values()):
+                    due["recorded"] = time.time() + 30
             if tier == "raw":
                 due["long"] = time.time() + 75
         time.sleep(POLL_SECONDS)
-    missed = [tier for tier, when in due.items() if when != math.inf and any(p["tier"] == tier for p in plan.values())]
+    # Still due: not yet tried, or retried in vain (a baseline that is not there yet).
+    missed = sorted(name for name, p in todo.items() if due[p["tier"]] != math.inf)
     if missed:
-        print(f"  {backend.label}: WARNING: the warm-up was too short for the {', '.join(missed)} backfill", flush=True)
+        print(f"  {backend.label}: WARNING: no history backfilled for {', '.join(missed)} within the warm-up",
+              flush=True)
     backfill["not_done"] = missed
 
     # Did the history arrive? The samples of each backfilled metric within its reach, now.
@@ -1578,7 +1598,7 @@ def main(argv: list[str] | None = None) -> int:
     rendered = Path(tempfile.mkdtemp(prefix="rules-eval-tiers-"))
     fleet_dirs = render_tier("fleet", rendered)
     fleet_reads, fleet_recorded, _ = rule_reads("prometheus", sorted(fleet_dirs["prometheus"].glob("*.yml")))
-    args.fleet_input_names = set(fleet_reads) - fleet_recorded - {"", "ALERTS", "ALERTS_FOR_STATE"}
+    args.fleet_input_names = set(fleet_reads) - fleet_recorded.keys() - {"", "ALERTS", "ALERTS_FOR_STATE"}
     if args.tier != "all":
         RULE_DIRS.update(fleet_dirs if args.tier == "fleet" else render_tier(args.tier, rendered))
     reads, recorded, bad = rule_reads("prometheus")
