@@ -241,15 +241,16 @@ def selectors(node: Any, reach: float = 0.0) -> Iterator[tuple[str, float]]:
         yield from selectors(child, reach)
 
 
-def rule_reads(target: str, files: list[Path] | None = None) -> tuple[dict[str, float], dict[str, float], list[str]]:
+def rule_reads(target: str, default_interval: float,
+               files: list[Path] | None = None) -> tuple[dict[str, float], dict[str, float], list[str]]:
     """Metric name -> farthest back any rule reads it (range + offset, s); recorded name -> the
-    shortest interval of a group recording it (s, as in the pack); expressions that fail to parse."""
+    shortest interval of a group recording it (s, as load_groups reads it); expressions that fail to parse."""
     reads: dict[str, float] = {}
     recorded: dict[str, float] = {}
     bad = []
     for path in rule_files(target) if files is None else files:
         for g in rule_groups(path):
-            interval = _seconds(g.get("interval"), 60.0)  # Prometheus' default evaluation_interval
+            interval = _seconds(g.get("interval"), default_interval)
             for rule in g.get("rules") or []:
                 if "record" in rule:
                     recorded[rule["record"]] = min(recorded.get(rule["record"], interval), interval)
@@ -1597,11 +1598,12 @@ def main(argv: list[str] | None = None) -> int:
     # The rule pack as it is now (or the tier of it).
     rendered = Path(tempfile.mkdtemp(prefix="rules-eval-tiers-"))
     fleet_dirs = render_tier("fleet", rendered)
-    fleet_reads, fleet_recorded, _ = rule_reads("prometheus", sorted(fleet_dirs["prometheus"].glob("*.yml")))
+    fleet_reads, fleet_recorded, _ = rule_reads("prometheus", args.eval_interval,
+                                                 sorted(fleet_dirs["prometheus"].glob("*.yml")))
     args.fleet_input_names = set(fleet_reads) - fleet_recorded.keys() - {"", "ALERTS", "ALERTS_FOR_STATE"}
     if args.tier != "all":
         RULE_DIRS.update(fleet_dirs if args.tier == "fleet" else render_tier(args.tier, rendered))
-    reads, recorded, bad = rule_reads("prometheus")
+    reads, recorded, bad = rule_reads("prometheus", args.eval_interval)
     groups: dict[str, dict[str, Any]] = {}
     for target in ("prometheus", "vmalert"):  # some groups are one target's only (docs/scaling.md)
         for g in load_groups(target, args.eval_interval):
