@@ -1222,14 +1222,17 @@ def backfill_plan(reads: dict[str, float], recorded: dict[str, float],
 def do_backfill(backend: Backend, plan: dict[str, dict[str, Any]], tier: str, end: float) -> dict[str, Any]:
     """Each planned metric's series as the backend holds them now (the smallest value seen in the
     last 10 min: a counter's earliest, so the history does not look like a reset; of a recording,
-    the series of the latest evaluation only, as a node in service has one basis for hours), up to end."""
+    the series of each recording group's latest evaluation, as a node in service has one basis
+    for hours), up to end."""
     out: dict[str, Any] = {}
     start = time.perf_counter()
     for name, p in plan.items():
         if p["tier"] != tier:
             continue
         selector = f'{{__name__="{name}"}}'
-        query = (f"{selector} and timestamp({selector}) > scalar(max(timestamp({selector}))) - {p['step_s'] / 2:g}"
+        # A recording's current series: each group that records it (a group per proxy) evaluated
+        # within one interval of the newest sample; a series its rules stopped is a step older.
+        query = (f"{selector} and timestamp({selector}) > scalar(max(timestamp({selector}))) - {p['step_s']:g}"
                  if tier == "recorded" else f"min_over_time({selector}[10m])")
         found = [(r["metric"], float(r["value"][1])) for r in backend.query(query)]
         points = backend.backfill({name: found}, end - p["span_s"], end, p["step_s"]) if found else 0
