@@ -34,9 +34,9 @@ first backend's measurement) to --fleet-inputs; a fleet run copies it to --nodes
 copy its own nodes and jobs) and writes it, one sample per evaluation interval.
 
 After --warmup (long-window inputs are backfilled, see --backfill-days; so are recordings read
-further back than the warm-up, such as the 3 hours of `relative` each fail-slow baseline reads:
-once the rules have recorded them, at the value recorded, every interval of the group recording
-them, up to just before the rules' first evaluation) every group
+further back than the warm-up, such as the 3 hours of 5-minute medians each fail-slow baseline
+reads: once every group recording them has, at the value recorded, every interval of the group
+recording them, up to just before the rules' first evaluation) every group
 evaluation during --measure is recorded: Prometheus' /api/v1/rules (evaluationTime, the value
 of prometheus_rule_group_last_duration_seconds, per group and rule) and vmalert's
 vmalert_iteration_duration_seconds (per-evaluation durations from the summary's _sum/_count
@@ -1204,7 +1204,7 @@ def backfill_plan(reads: dict[str, float], recorded: dict[str, float],
     hourly points up to --backfill-days; "raw" (a scraped metric read further back than the
     warm-up, < 1 day): points every scrape interval over that reach plus the 5 min lookback;
     "recorded" (a recording read further back than the warm-up, < 1 day: the fail-slow
-    baseline's 3 hours): points every interval of the group recording it, over that reach."""
+    baseline's 3 hours of medians): points every interval of the group recording it, over that reach."""
     plan = {}
     for name, reach in reads.items():
         if not name or name in ("ALERTS", "ALERTS_FOR_STATE"):
@@ -1333,8 +1333,10 @@ def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recor
     # prewritten input has it), the long tier once Prometheus has loaded the first blocks (it
     # looks every minute). Recorded history once the rules have recorded a value to hold.
     todo, retried = dict(plan), False
+    # Recordings once every group recording them has evaluated (each within its first interval).
+    recorded_due = t0 + 15 + max([60.0, *(p["step_s"] for p in plan.values() if p["tier"] == "recorded")])
     due = {"raw": t0 + 2 * args.scrape_interval + 15 if args.input == "scrape" else math.inf,
-           "long": t0 + 75 if args.input == "prewritten" else math.inf, "recorded": t0 + 75}
+           "long": t0 + 75 if args.input == "prewritten" else math.inf, "recorded": recorded_due}
     while time.time() < t0 + args.warmup:
         for p in backend.procs:
             p.check_running()
