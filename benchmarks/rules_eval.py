@@ -1219,11 +1219,13 @@ def backfill_plan(reads: dict[str, float], recorded: dict[str, float],
     return plan
 
 
-def do_backfill(backend: Backend, plan: dict[str, dict[str, Any]], tier: str, end: float) -> dict[str, Any]:
+def do_backfill(backend: Backend, plan: dict[str, dict[str, Any]], tier: str, end: float,
+                written: dict[str, set[tuple[tuple[str, str], ...]]] | None = None) -> dict[str, Any]:
     """Each planned metric's series as the backend holds them now (the smallest value seen in the
     last 10 min: a counter's earliest, so the history does not look like a reset; of a recording,
     the series of each recording group's latest evaluation, as a node in service has one basis
-    for hours), up to end."""
+    for hours), up to end. With written (name -> the label sets written so far, updated here):
+    only the series not written yet."""
     out: dict[str, Any] = {}
     start = time.perf_counter()
     for name, p in plan.items():
@@ -1235,6 +1237,10 @@ def do_backfill(backend: Backend, plan: dict[str, dict[str, Any]], tier: str, en
         query = (f"{selector} and timestamp({selector}) > scalar(max(timestamp({selector}))) - {p['step_s']:g}"
                  if tier == "recorded" else f"min_over_time({selector}[10m])")
         found = [(r["metric"], float(r["value"][1])) for r in backend.query(query)]
+        if written is not None:
+            seen = written.setdefault(name, set())
+            found = [(labels, value) for labels, value in found if tuple(sorted(labels.items())) not in seen]
+            seen.update(tuple(sorted(labels.items())) for labels, _ in found)
         points = backend.backfill({name: found}, end - p["span_s"], end, p["step_s"]) if found else 0
         out[name] = {**p, "series": len(found), "samples": points}
     out["_seconds"] = round(time.perf_counter() - start, 1)
@@ -1332,8 +1338,10 @@ def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recor
     # Raw history first (a rule that reads it may only then record what the long tier needs; the
     # prewritten input has it), the long tier once Prometheus has loaded the first blocks (it
     # looks every minute). Recorded history once the rules have recorded a value to hold.
-    todo, retried = dict(plan), False
-    # Recordings once every group recording them has evaluated (each within its first interval).
+    todo, retried, written = dict(plan), False, {}
+    # Recordings once every group recording them has evaluated (each within its first interval),
+    # then every 30 s the series that have appeared since (vmalert's groups, and a baseline once
+    # it has its history, come later), until the measurement.
     recorded_due = t0 + 15 + max([60.0, *(p["step_s"] for p in plan.values() if p["tier"] == "recorded")])
     due = {"raw": t0 + 2 * args.scrape_interval + 15 if args.input == "scrape" else math.inf,
            "long": t0 + 75 if args.input == "prewritten" else math.inf, "recorded": recorded_due}
@@ -1349,24 +1357,25 @@ def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recor
                 # Before what the backend holds, so no series has two samples at one time: the raw
                 # input's start, or the rules' first evaluation.
                 end = {"raw": t0 - 60, "long": history_starts - 60, "recorded": t0 - 1}[tier]
-                done = do_backfill(backend, todo, tier, end)
+                done = do_backfill(backend, todo, tier, end, written if tier == "recorded" else None)
                 first = tier not in backfill
-                backfill.setdefault(tier, {}).update(done)
                 found = {n: v["series"] for n, v in done.items() if not n.startswith("_")}
+                backfill.setdefault(tier, {}).update({n: v for n, v in done.items() if first or found.get(n)})
                 if first or any(found.values()):  # not every retry that finds nothing
                     print(f"  {backend.label}: backfilled ({tier}) {found} in {done['_seconds']} s", flush=True)
-                # A recording vmalert has not written yet: once more, a minute later; a recording
-                # the rules have not made yet (the baseline, once it has its history): every 30 s.
-                todo = {n: p for n, p in todo.items() if p["tier"] != tier or found.get(n) == 0}
+                # A long-tier metric vmalert has not written yet: once more, a minute later.
+                todo = {n: p for n, p in todo.items() if p["tier"] != tier or tier == "recorded" or found.get(n) == 0}
                 if tier == "long" and any(p["tier"] == "long" for p in todo.values()) and not retried:
                     retried, due["long"] = True, time.time() + 60
-                if tier == "recorded" and any(p["tier"] == "recorded" for p in todo.values()):
+                if tier == "recorded" and time.time() + 30 < t0 + args.warmup:
                     due["recorded"] = time.time() + 30
             if tier == "raw":
                 due["long"] = time.time() + 75
         time.sleep(POLL_SECONDS)
-    # Still due: not yet tried, or retried in vain (a baseline that is not there yet).
-    missed = sorted(name for name, p in todo.items() if due[p["tier"]] != math.inf)
+    # Not tried, or tried in vain (a baseline that is not there yet).
+    missed = sorted(name for name, p in todo.items()
+                    if (not written.get(name) if p["tier"] == "recorded" else due[p["tier"]] != math.inf))
+    backfill["recorded_series_written"] = {name: len(labels) for name, labels in written.items()}
     if missed:
         print(f"  {backend.label}: WARNING: no history backfilled for {', '.join(missed)} within the warm-up",
               flush=True)
@@ -1698,13 +1707,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         gen.stop()
+        rules_end = rules_fingerprint()  # a tier's files are the rendered ones, removed here
         shutil.rmtree(rendered, ignore_errors=True)
     results["wall_seconds"] = round(time.monotonic() - start_t, 1)
     results["machine"]["during_run"] = machine_load(cpu_before, cpu_times())
     results["machine"]["loadavg_end"] = os.getloadavg()
     results["commit_end"] = git_commit(ROOT)
     results["exporter_source_changed_during_run"] = source_fingerprint() != results["exporter_source_sha256"]
-    results["rules_changed_during_run"] = rules_fingerprint() != results["rules_sha256"]
+    results["rules_changed_during_run"] = rules_end != results["rules_sha256"]
 
     over = []
     for name, b in results["backends"].items():
