@@ -1219,6 +1219,10 @@ def backfill_plan(reads: dict[str, float], recorded: dict[str, float],
     return plan
 
 
+def _series_key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in labels.items() if k != "__name__"))
+
+
 def do_backfill(backend: Backend, plan: dict[str, dict[str, Any]], tier: str, end: float,
                 written: dict[str, set[tuple[tuple[str, str], ...]]] | None = None) -> dict[str, Any]:
     """Each planned metric's series as the backend holds them now (the smallest value seen in the
@@ -1237,10 +1241,10 @@ def do_backfill(backend: Backend, plan: dict[str, dict[str, Any]], tier: str, en
         query = (f"{selector} and timestamp({selector}) > scalar(max(timestamp({selector}))) - {p['step_s']:g}"
                  if tier == "recorded" else f"min_over_time({selector}[10m])")
         found = [(r["metric"], float(r["value"][1])) for r in backend.query(query)]
-        if written is not None:
+        if written is not None:  # by labels without the name, which VictoriaMetrics returns only at times
             seen = written.setdefault(name, set())
-            found = [(labels, value) for labels, value in found if tuple(sorted(labels.items())) not in seen]
-            seen.update(tuple(sorted(labels.items())) for labels, _ in found)
+            found = [(labels, value) for labels, value in found if _series_key(labels) not in seen]
+            seen.update(_series_key(labels) for labels, _ in found)
         points = backend.backfill({name: found}, end - p["span_s"], end, p["step_s"]) if found else 0
         out[name] = {**p, "series": len(found), "samples": points}
     out["_seconds"] = round(time.perf_counter() - start, 1)

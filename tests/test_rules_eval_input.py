@@ -69,3 +69,31 @@ def test_the_fleet_tiers_copies_are_nodes_and_jobs_of_their_own() -> None:
     jobs = {_parse(k).get("workload") for k in served} - {None}
     assert jobs == {"train-1", "train-1-1", "train-1-2"}
     assert served['gpunode:precursor_signal:value{instance="gpu0002-2",job="gpunode",signal="interrupts"}'] == 2.0
+
+
+def test_recorded_history_is_written_once_per_series() -> None:
+    """Retried backfills write only series not written before, however the backend names them."""
+
+    class Backend:
+        def __init__(self) -> None:
+            self.answers = [
+                [{"metric": {"__name__": "m", "instance": "a"}, "value": [0, "1"]}],
+                [{"metric": {"instance": "a"}, "value": [0, "1"]},  # the same series, unnamed
+                 {"metric": {"__name__": "m", "instance": "b"}, "value": [0, "2"]}],
+            ]
+            self.written: list[list[dict[str, str]]] = []
+
+        def query(self, _query: str) -> list[dict]:
+            return self.answers.pop(0)
+
+        def backfill(self, series: dict, start: float, end: float, step: float) -> int:
+            self.written.append([labels for labels, _ in series["m"]])
+            return len(series["m"])
+
+    backend, written = Backend(), {}
+    plan = {"m": {"tier": "recorded", "step_s": 300.0, "span_s": 3600.0}}
+    first = rules_eval.do_backfill(backend, plan, "recorded", 1000.0, written)  # type: ignore[arg-type]
+    second = rules_eval.do_backfill(backend, plan, "recorded", 1000.0, written)  # type: ignore[arg-type]
+    assert (first["m"]["series"], second["m"]["series"]) == (1, 1)
+    assert [[labels["instance"] for labels in batch] for batch in backend.written] == [["a"], ["b"]]
+    assert len(written["m"]) == 2
