@@ -1241,7 +1241,7 @@ def do_backfill(backend: Backend, plan: dict[str, dict[str, Any]], tier: str, en
         query = (f"{selector} and timestamp({selector}) > scalar(max(timestamp({selector}))) - {p['step_s']:g}"
                  if tier == "recorded" else f"min_over_time({selector}[10m])")
         found = [(r["metric"], float(r["value"][1])) for r in backend.query(query)]
-        if written is not None:  # by labels without the name, which VictoriaMetrics returns only at times
+        if written is not None:  # by labels without the name: the writer names every series itself
             seen = written.setdefault(name, set())
             found = [(labels, value) for labels, value in found if _series_key(labels) not in seen]
             seen.update(_series_key(labels) for labels, _ in found)
@@ -1343,10 +1343,11 @@ def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recor
     # prewritten input has it), the long tier once Prometheus has loaded the first blocks (it
     # looks every minute). Recorded history once the rules have recorded a value to hold.
     todo, retried, written = dict(plan), False, {}
-    # Recordings once every group recording them has evaluated (each within its first interval),
-    # then every 30 s the series that have appeared since (vmalert's groups, and a baseline once
-    # it has its history, come later), until the measurement.
-    recorded_due = t0 + 15 + max([60.0, *(p["step_s"] for p in plan.values() if p["tier"] == "recorded")])
+    # Recordings once every group recording them has evaluated twice (each starts within its first
+    # interval; a first evaluation may still see the rules' first minutes, e.g. a fail-slow median
+    # of basis="self" before the peers' ratios exist), then every 30 s the series that have appeared
+    # since (vmalert's groups, a baseline once it has its history), until the measurement.
+    recorded_due = t0 + 15 + 2 * max([60.0, *(p["step_s"] for p in plan.values() if p["tier"] == "recorded")])
     due = {"raw": t0 + 2 * args.scrape_interval + 15 if args.input == "scrape" else math.inf,
            "long": t0 + 75 if args.input == "prewritten" else math.inf, "recorded": recorded_due}
     while time.time() < t0 + args.warmup:

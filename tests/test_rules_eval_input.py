@@ -72,7 +72,7 @@ def test_the_fleet_tiers_copies_are_nodes_and_jobs_of_their_own() -> None:
 
 
 def test_recorded_history_is_written_once_per_series() -> None:
-    """Retried backfills write only series not written before, however the backend names them."""
+    """Retried backfills write only series not written before (with or without the name)."""
 
     class Backend:
         def __init__(self) -> None:
