@@ -35,8 +35,8 @@ copy its own nodes and jobs) and writes it, one sample per evaluation interval.
 
 After --warmup (long-window inputs are backfilled, see --backfill-days; so are recordings read
 further back than the warm-up, such as the 3 hours of 5-minute medians each fail-slow baseline
-reads: once every group recording them has, at the value recorded, every interval of the group
-recording them, up to just before the rules' first evaluation) every group
+reads: once every group recording them has evaluated twice, at the value recorded, every interval
+of the group recording them, up to just before the rules' first evaluation) every group
 evaluation during --measure is recorded: Prometheus' /api/v1/rules (evaluationTime, the value
 of prometheus_rule_group_last_duration_seconds, per group and rule) and vmalert's
 vmalert_iteration_duration_seconds (per-evaluation durations from the summary's _sum/_count
