@@ -31,7 +31,7 @@ bench:  # GPU collector vs naive pynvml (~40 s), NFS vs node_exporter, GPU proce
 	$(PY) benchmarks/series_budget.py --out benchmarks/results/series_budget.json
 	$(PY) benchmarks/reference_scrape.py
 
-bench-rules:  # rule evaluation at 1,000 nodes (the single-server pack), then the fleet tier on 10,000 nodes' recordings, on Prometheus and VictoriaMetrics + vmalert (~45 min)
+bench-rules:  # rule evaluation at 1,000 nodes (the single-server pack), then the fleet tier on 10,000 nodes' recordings, on Prometheus and VictoriaMetrics + vmalert (~60 min)
 	scripts/install-deps.sh --test
 	$(PY) benchmarks/rules_eval.py
 	$(PY) benchmarks/rules_eval.py --tier fleet --nodes 10000 --output benchmarks/results/rules_eval_fleet.json

@@ -17,8 +17,11 @@ measures them and a full scrape's time.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -96,10 +99,24 @@ def write_reference_node(out: Path) -> list[str]:
     config = {"gpu": {"expected_count": 8}, "storage": {"interfaces": list(STORAGE_NICS)},
               "staging": {"paths": [str(out / "shm")]}, "nfs": {"resolve_devices": False}}
     (out / "config.yml").write_text(yaml.safe_dump(config))
-    (out / "kmsg").write_text("")  # a kernel log without Xids: a healthy node
+    # The kernel log of a healthy node: no Xids, nothing new. A FIFO, so that a reader waits in
+    # select() as on /dev/kmsg (a regular file is polled for growth every few ms) once a writer
+    # holds it open: hold_kmsg_open().
+    os.mkfifo(out / "kmsg")
     return ["--path.procfs", str(proc), "--path.sysfs", str(sys_root), "--path.kmsg", str(out / "kmsg"),
             "--path.state", str(out / "state"), "--config.file", str(out / "config.yml"),
             "--nvml.simulate", str(SCENARIO)]
+
+
+@contextmanager
+def hold_kmsg_open(out: Path) -> Iterator[None]:
+    """Holds the reference node's kernel log open for writing, writing nothing: /dev/kmsg with no
+    new records. Without a writer, a FIFO reads as ended and its reader polls it."""
+    fd = os.open(out / "kmsg", os.O_RDWR | os.O_NONBLOCK)  # O_RDWR: does not wait for a reader
+    try:
+        yield
+    finally:
+        os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:

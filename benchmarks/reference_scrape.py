@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ServerProcess, free_port, git_commit, percentile
-from reference_node import write_reference_node
+from reference_node import hold_kmsg_open, write_reference_node
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "reference_scrape.json"
@@ -92,6 +92,39 @@ def _stats(times: list[float]) -> dict[str, float]:
             "p99_seconds": percentile(times, 0.99)}
 
 
+def _measure(servers: list[ServerProcess], scrapes: int) -> tuple[dict[str, list[float]], dict[str, list[float]],
+                                                                  dict[str, int]]:
+    """Kept-alive scrapes of each server in turn, then as many on a new connection each."""
+    for server in servers:
+        deadline = time.monotonic() + 30
+        while True:
+            server.check_running()
+            try:
+                _scrape(server.url)
+                break
+            except ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+    for _ in range(20):  # warm up: the first scrapes check every process for GPU use
+        for server in servers:
+            _scrape(server.url)
+    conns = {s.key: _keep_alive(s.url) for s in servers}
+    times: dict[str, list[float]] = {s.key: [] for s in servers}
+    fresh: dict[str, list[float]] = {s.key: [] for s in servers}
+    series: dict[str, int] = {}
+    for _ in range(scrapes):
+        for server in servers:  # in turn, so a busy moment of the machine costs each alike
+            seconds, series[server.key] = _get(*conns[server.key], close=False)
+            times[server.key].append(seconds)
+    for _ in range(scrapes):
+        for server in servers:
+            fresh[server.key].append(_scrape(server.url)[0])
+    for conn, _ in conns.values():
+        conn.close()
+    return times, fresh, series
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scrapes", type=int, default=500)
@@ -116,39 +149,14 @@ def main(argv: list[str] | None = None) -> int:
                                 f"--collector.textfile.directory={tmpdir / 'textfile'}",
                                 f"--web.listen-address=127.0.0.1:{ports[2]}"]),
         ]
-        for server in servers:
-            server.start()
-        try:
+        with hold_kmsg_open(tmpdir / "node"):
             for server in servers:
-                deadline = time.monotonic() + 30
-                while True:
-                    server.check_running()
-                    try:
-                        _scrape(server.url)
-                        break
-                    except ConnectionError:
-                        if time.monotonic() > deadline:
-                            raise
-                        time.sleep(0.1)
-            for _ in range(20):  # warm up: the first scrapes check every process for GPU use
+                server.start()
+            try:
+                times, fresh, series = _measure(servers, args.scrapes)
+            finally:
                 for server in servers:
-                    _scrape(server.url)
-            conns = {s.key: _keep_alive(s.url) for s in servers}
-            times: dict[str, list[float]] = {s.key: [] for s in servers}
-            fresh: dict[str, list[float]] = {s.key: [] for s in servers}
-            series: dict[str, int] = {}
-            for _ in range(args.scrapes):
-                for server in servers:  # in turn, so a busy moment of the machine costs each alike
-                    seconds, series[server.key] = _get(*conns[server.key], close=False)
-                    times[server.key].append(seconds)
-            for _ in range(args.scrapes):
-                for server in servers:
-                    fresh[server.key].append(_scrape(server.url)[0])
-            for conn, _ in conns.values():
-                conn.close()
-        finally:
-            for server in servers:
-                server.stop()
+                    server.stop()
     result = {
         "scrapes": args.scrapes, "target_p50_seconds": TARGET_P50_SECONDS, "git": git_commit(ROOT),
         "servers": {s.key: {"label": s.label, "series": series[s.key], **_stats(times[s.key]),

@@ -3,7 +3,7 @@
 
     python benchmarks/rules_eval.py [--nodes 1000] [--warmup 300] [--measure 180]
     python benchmarks/rules_eval.py --tier fleet --nodes 10000   # the fleet tier, after a run as above
-    python benchmarks/rules_eval.py --warmup 60 --measure 60 --nodes 100     # a quick look
+    python benchmarks/rules_eval.py --warmup 60 --measure 60 --nodes 100 --no-backfill   # a quick look
 
 A synthetic fleet holds every node's series as gpunode-exporter (job="gpunode"), node_exporter
 (job="node") and dcgm-exporter (job="dcgm") would serve them at the reference node's size
@@ -35,8 +35,11 @@ copy its own nodes and jobs) and writes it, one sample per evaluation interval.
 
 After --warmup (long-window inputs are backfilled, see --backfill-days; so are recordings read
 further back than the warm-up, such as the 3 hours of 5-minute medians each fail-slow baseline
-reads: once every group recording them has evaluated twice, at the value recorded, every interval
-of the group recording them, up to just before the rules' first evaluation) every group
+reads: from an evaluation of every group recording them whose range starts after the rules
+have settled, at the value recorded, every interval of the group recording them, up to just
+before the rules' first evaluation; the warm-up is lengthened to let that and one more
+evaluation happen: 645 s for the baselines run every 30 s, as by default here, 1,125 s with
+--max-group-interval 300) every group
 evaluation during --measure is recorded: Prometheus' /api/v1/rules (evaluationTime, the value
 of prometheus_rule_group_last_duration_seconds, per group and rule) and vmalert's
 vmalert_iteration_duration_seconds (per-evaluation durations from the summary's _sum/_count
@@ -241,12 +244,14 @@ def selectors(node: Any, reach: float = 0.0) -> Iterator[tuple[str, float]]:
         yield from selectors(child, reach)
 
 
-def rule_reads(target: str, default_interval: float,
-               files: list[Path] | None = None) -> tuple[dict[str, float], dict[str, float], list[str]]:
+def rule_reads(target: str, default_interval: float, files: list[Path] | None = None
+               ) -> tuple[dict[str, float], dict[str, float], dict[str, float], list[str]]:
     """Metric name -> farthest back any rule reads it (range + offset, s); recorded name -> the
-    shortest interval of a group recording it (s, as load_groups reads it); expressions that fail to parse."""
+    shortest interval of a group recording it (s, as load_groups reads it); recorded name -> the
+    farthest back a rule recording it reads (s); expressions that fail to parse."""
     reads: dict[str, float] = {}
     recorded: dict[str, float] = {}
+    recorded_from: dict[str, float] = {}
     bad = []
     for path in rule_files(target) if files is None else files:
         for g in rule_groups(path):
@@ -261,7 +266,9 @@ def rule_reads(target: str, default_interval: float,
                     continue
                 for name, window in selectors(tree):
                     reads[name] = max(reads.get(name, 0.0), window)
-    return reads, recorded, bad
+                    if "record" in rule:
+                        recorded_from[rule["record"]] = max(recorded_from.get(rule["record"], 0.0), window)
+    return reads, recorded, recorded_from, bad
 
 
 def templates_with_queries(target: str) -> list[str]:
@@ -1198,13 +1205,45 @@ def write_backfill(path: Path, series: dict[str, list[tuple[dict[str, str], floa
 # --- one backend's run ---------------------------------------------------------------------
 
 
-def backfill_plan(reads: dict[str, float], recorded: dict[str, float],
-                  args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+# From the first values to the ratios to the peers: a chain of peer rules, on vmalert a step per
+# evaluation (value, in_peer_group, median, ratio, relative: five at 30 s) and a margin.
+RULES_SETTLE_SECONDS = 180.0
+# A recording rule that reads further back than this reads the backfilled history, not the
+# rules' first minutes (a baseline over 3 hours of medians).
+RECENT_READ_SECONDS = 900.0
+
+
+def recorded_backfill_after(plan: dict[str, dict[str, Any]]) -> float:
+    """Seconds after the rules start when every recorded-history group has evaluated past the
+    rules' first minutes: the settling, how far back its rule reads (if recent), and one interval
+    as run here (at least a minute) for it to run; plus 15 s for the writes to be readable."""
+    return 15 + max([RULES_SETTLE_SECONDS + (p["reads_s"] if p["reads_s"] <= RECENT_READ_SECONDS else 0.0)
+                     + max(60.0, p["run_step_s"]) for p in plan.values() if p["tier"] == "recorded"], default=0.0)
+
+
+def warmup_for_recorded_history(reads: dict[str, float], recorded: dict[str, float],
+                                recorded_from: dict[str, float], args: argparse.Namespace) -> float:
+    """The warm-up that lets the recorded history be written and read by one more evaluation of
+    every group: at least --warmup. (Which recordings need history depends on the warm-up.)"""
+    warmup = args.warmup
+    for _ in range(5):
+        plan = backfill_plan(reads, recorded, argparse.Namespace(**{**vars(args), "warmup": warmup}), recorded_from)
+        steps = [max(60.0, p["run_step_s"]) for p in plan.values() if p["tier"] == "recorded"]
+        needed = max(args.warmup, math.ceil(recorded_backfill_after(plan) + max(steps) + 30) if steps else 0)
+        if needed == warmup:
+            break
+        warmup = needed
+    return float(warmup)
+
+
+def backfill_plan(reads: dict[str, float], recorded: dict[str, float], args: argparse.Namespace,
+                  recorded_from: dict[str, float] | None = None) -> dict[str, dict[str, Any]]:
     """What history a short run lacks, per metric: "long" (read over >= 1 day, raw or recorded):
     hourly points up to --backfill-days; "raw" (a scraped metric read further back than the
     warm-up, < 1 day): points every scrape interval over that reach plus the 5 min lookback;
     "recorded" (a recording read further back than the warm-up, < 1 day: the fail-slow
-    baseline's 3 hours of medians): points every interval of the group recording it, over that reach."""
+    baseline's 3 hours of medians): points every interval of the group recording it, over that reach
+    ("reads_s": how far back its own rule reads, from recorded_from)."""
     plan = {}
     for name, reach in reads.items():
         if not name or name in ("ALERTS", "ALERTS_FOR_STATE"):
@@ -1216,6 +1255,9 @@ def backfill_plan(reads: dict[str, float], recorded: dict[str, float],
             step = recorded[name] if name in recorded else float(args.scrape_interval)
             plan[name] = {"tier": "recorded" if name in recorded else "raw", "reach_s": reach, "step_s": step,
                           "span_s": reach + 300}
+            if name in recorded:  # groups slower than --max-group-interval run every --eval-interval here
+                plan[name]["reads_s"] = (recorded_from or {}).get(name, 0.0)
+                plan[name]["run_step_s"] = step if step <= args.max_group_interval else args.eval_interval
     return plan
 
 
@@ -1319,10 +1361,11 @@ def alone(backend: Backend, repeats: int = ALONE_REPEATS) -> dict[str, dict[str,
 
 
 def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recorded: dict[str, float],
+                recorded_from: dict[str, float],
                 args: argparse.Namespace) -> dict[str, Any]:
     renders_before = len(gen.renders)
     posts_before = gen.posts
-    plan = backfill_plan(reads, recorded, args) if args.backfill else {}
+    plan = backfill_plan(reads, recorded, args, recorded_from) if args.backfill else {}
     backend.start()
     out: dict[str, Any] = {"label": backend.label, "input": args.input,
                            "groups_interval_overridden": backend.overridden, "rule_files_rejected": backend.rejected,
@@ -1343,11 +1386,12 @@ def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recor
     # prewritten input has it), the long tier once Prometheus has loaded the first blocks (it
     # looks every minute). Recorded history once the rules have recorded a value to hold.
     todo, retried, written = dict(plan), False, {}
-    # Recordings once every group recording them has evaluated twice (each starts within its first
-    # interval; a first evaluation may still see the rules' first minutes, e.g. a fail-slow median
-    # of basis="self" before the peers' ratios exist), then every 30 s the series that have appeared
-    # since (vmalert's groups, a baseline once it has its history), until the measurement.
-    recorded_due = t0 + 15 + 2 * max([60.0, *(p["step_s"] for p in plan.values() if p["tier"] == "recorded")])
+    # Recordings from an evaluation of every group recording them whose range starts after the
+    # rules have settled (RULES_SETTLE_SECONDS), so none holds the rules' first minutes (e.g. a
+    # fail-slow median of basis="self" from before the peers' ratios existed: a second baseline
+    # per node that no node in a job has); then every 30 s the series that have appeared since
+    # (vmalert's groups, a baseline once it has its history), until the measurement.
+    recorded_due = t0 + recorded_backfill_after(plan)
     due = {"raw": t0 + 2 * args.scrape_interval + 15 if args.input == "scrape" else math.inf,
            "long": t0 + 75 if args.input == "prewritten" else math.inf, "recorded": recorded_due}
     while time.time() < t0 + args.warmup:
@@ -1617,12 +1661,18 @@ def main(argv: list[str] | None = None) -> int:
     # The rule pack as it is now (or the tier of it).
     rendered = Path(tempfile.mkdtemp(prefix="rules-eval-tiers-"))
     fleet_dirs = render_tier("fleet", rendered)
-    fleet_reads, fleet_recorded, _ = rule_reads("prometheus", args.eval_interval,
+    fleet_reads, fleet_recorded, _, _ = rule_reads("prometheus", args.eval_interval,
                                                  sorted(fleet_dirs["prometheus"].glob("*.yml")))
     args.fleet_input_names = set(fleet_reads) - fleet_recorded.keys() - {"", "ALERTS", "ALERTS_FOR_STATE"}
     if args.tier != "all":
         RULE_DIRS.update(fleet_dirs if args.tier == "fleet" else render_tier(args.tier, rendered))
-    reads, recorded, bad = rule_reads("prometheus", args.eval_interval)
+    reads, recorded, recorded_from, bad = rule_reads("prometheus", args.eval_interval)
+    if args.backfill:  # the recorded history, then one more evaluation of what reads it, before measuring
+        warmup = warmup_for_recorded_history(reads, recorded, recorded_from, args)
+        if warmup > args.warmup:
+            print(f"warm-up {warmup:g} s, not {args.warmup:g}: time to write the recorded history after the "
+                  f"rules have settled and evaluate once more", flush=True)
+            args.warmup = warmup
     groups: dict[str, dict[str, Any]] = {}
     for target in ("prometheus", "vmalert"):  # some groups are one target's only (docs/scaling.md)
         for g in load_groups(target, args.eval_interval):
@@ -1700,7 +1750,7 @@ def main(argv: list[str] | None = None) -> int:
                 backend = kinds[name](Path(tmp), gen, args)
                 c0 = cpu_times()
                 try:
-                    results["backends"][name] = run_backend(backend, gen, reads, recorded, args)
+                    results["backends"][name] = run_backend(backend, gen, reads, recorded, recorded_from, args)
                 finally:
                     backend.stop()
                 loads[name] = machine_load(c0, cpu_times())

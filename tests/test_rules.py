@@ -127,6 +127,26 @@ def test_every_alert_has_labels_annotations_and_a_runbook_section() -> None:
         assert anchor == name.lower() and anchor in headings, f"{name}: no '## {name}' in {runbook}"
 
 
+FLEET_WIDE = ("GpuNodeFailSlow", "GpuNodeSlowingDown", "GpuNodePrecursorMultiSignal")
+
+
+@pytest.mark.parametrize("name", FLEET_WIDE)
+def test_on_vmalert_alerts_that_fire_fleet_wide_give_their_query_instead_of_running_it(name: str) -> None:
+    # vmalert runs a description's query over HTTP for every firing alert at every evaluation.
+    import promql_parser
+
+    node = rulepack.load_spec()["labels"]["node"]
+    ours, theirs = _alerts("vmalert")[name]["annotations"], _alerts("prometheus")[name]["annotations"]
+    assert "| query" in theirs["description"]  # Prometheus lists the proxies or signals
+    assert not any("query" in text.replace("the query", "") for text in ours.values()), ours
+    given = ours["description"].split("the query `", 1)[1].split("`", 1)[0]
+    parsed = promql_parser.parse(given.replace(f"{{{{ $labels.{node} }}}}", "gpu071"))  # valid PromQL
+    assert f'{node}="gpu071"' in str(parsed), given  # of this node
+    recorded = {rule["record"] for path in (RULES / "vmalert").glob("*.yml")
+                for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"] if "record" in rule}
+    assert given.split("(")[-1].split("{")[0] in recorded, given  # a series the pack records
+
+
 def test_vmalert_accepts_the_vmalert_target() -> None:
     vmalert = _tool("vmalert")
     out = subprocess.run([vmalert, "-dryRun", f"-rule={RULES / 'vmalert'}/*.yml"], capture_output=True, text=True)

@@ -133,14 +133,7 @@ def _environment(spec: dict[str, Any], target: str) -> jinja2.Environment:
         fresh = f"{PEER_WORKLOAD} > time() - {spec['peers']['workload_fresh']:g}"
         return f"({in_service(expr)} * on ({node}) group_left (workload) (0 * topk by ({node}) (1, {fresh}) + 1))"
 
-    def peer_values(prefix: str, sel: str) -> str:
-        """A proxy's or signal's values as its peer rules read them: on Prometheus its group's
-        PREFIX:in_peer_group recording (peered() once per evaluation); on vmalert peered() in each
-        rule, as a rule there reads its own group's recordings an evaluation late."""
-        return f"{prefix}:in_peer_group{sel}" if target == "prometheus" else peered(f"{prefix}:value{sel}")
-
     env.globals.update(spec=spec, target=target, m=m, in_service=in_service, peered=peered, newest=newest,
-                       peer_values=peer_values,
                        PEER_WORKLOAD=PEER_WORKLOAD,
                        node=spec["labels"]["node"], peer=", ".join(peer_key(spec)),
                        label_peer=", ".join(spec["labels"]["peer_group"]))  # checkpoint, NFS: no workload join
