@@ -1237,7 +1237,7 @@ def warmup_for_recorded_history(reads: dict[str, float], recorded: dict[str, flo
 
 
 def backfill_plan(reads: dict[str, float], recorded: dict[str, float], args: argparse.Namespace,
-                  recorded_from: dict[str, float] | None = None) -> dict[str, dict[str, Any]]:
+                  recorded_from: dict[str, float]) -> dict[str, dict[str, Any]]:
     """What history a short run lacks, per metric: "long" (read over >= 1 day, raw or recorded):
     hourly points up to --backfill-days; "raw" (a scraped metric read further back than the
     warm-up, < 1 day): points every scrape interval over that reach plus the 5 min lookback;
@@ -1256,7 +1256,7 @@ def backfill_plan(reads: dict[str, float], recorded: dict[str, float], args: arg
             plan[name] = {"tier": "recorded" if name in recorded else "raw", "reach_s": reach, "step_s": step,
                           "span_s": reach + 300}
             if name in recorded:  # groups slower than --max-group-interval run every --eval-interval here
-                plan[name]["reads_s"] = (recorded_from or {}).get(name, 0.0)
+                plan[name]["reads_s"] = recorded_from.get(name, 0.0)
                 plan[name]["run_step_s"] = step if step <= args.max_group_interval else args.eval_interval
     return plan
 
