@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from exporter.rulepack import concurrency
+
 
 def walk(node: Any) -> Iterator[Any]:
     """Every node of a parsed PromQL expression (promql_parser), depth first."""
@@ -86,6 +88,10 @@ def split(files: dict[str, str], tier: str, node_label: str) -> dict[str, str]:
                      if ((rule.get("record") or rule["alert"]) in fleet) == (tier == "fleet")]
             if rules:
                 kept = {**group, "rules": rules}
+                if "concurrency" in group:  # vmalert: no more at once than the tier's group has rules
+                    kept["concurrency"] = concurrency(len(rules), group["concurrency"])
+                    if kept["concurrency"] is None:
+                        del kept["concurrency"]
                 if tier == "fleet":
                     kept["name"] = f"{group['name']}-fleet"
                 groups.append(kept)
