@@ -198,7 +198,7 @@ def _one_rule_files(rule_files: list[dict[str, Any]]) -> Iterator[dict[str, Any]
     for rule_file in rule_files:
         for group in rule_file["groups"]:
             for n, rule in enumerate(group["rules"]):
-                single = {k: v for k, v in group.items() if k != "rules"}
+                single = {k: v for k, v in group.items() if k not in ("rules", "concurrency")}
                 singles.append({"groups": [{**single, "name": f"{group['name']}-{n:02d}", "rules": [rule]}]})
     done: list[dict[str, Any]] = []
     while singles:  # stable: the first rule none of whose inputs is still to be recorded

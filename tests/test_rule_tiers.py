@@ -62,6 +62,16 @@ def test_the_fleet_tier_reads_only_recordings_and_the_named_inputs() -> None:
             "gpunode:failslow_proxy:peer_median"} <= names
 
 
+def test_a_tier_runs_no_more_rules_at_once_than_its_group_has() -> None:
+    """vmalert: a group split across the tiers keeps `concurrency` only as high as the rules it keeps."""
+    files = render(SPEC, "vmalert")
+    for tier in ("local", "fleet"):
+        groups = [g for text in split(files, tier, NODE).values() for g in yaml.safe_load(text)["groups"]]
+        want = {g["name"]: min(SPEC["vmalert_concurrency"], len(g["rules"])) for g in groups}
+        assert {g["name"]: g.get("concurrency") for g in groups} == {k: n if n > 1 else None for k, n in want.items()}
+        assert any(g.get("concurrency") for g in groups)
+
+
 def test_tier_files_pass_promtool_and_vmalert(tmp_path: Path) -> None:
     for target, checker in (("prometheus", ["promtool", "check", "rules"]), ("vmalert", None)):
         for tier in ("local", "fleet"):

@@ -72,6 +72,19 @@ def test_vmalert_target_leaves_out_keep_firing_for() -> None:
         pytest.skip("no rule uses keep_firing_for yet")
 
 
+@pytest.mark.parametrize("most", [8, 3, 1])
+def test_vmalert_groups_run_their_rules_side_by_side(most: int) -> None:
+    """vmalert's `concurrency`: every rule of a group at once, at most spec vmalert_concurrency;
+    none where that is 1 or the group has one rule. Prometheus has no such key (and rejects it)."""
+    spec = rulepack.merge(rulepack.load_spec(), {"vmalert_concurrency": most})
+    groups = [g for text in rulepack.render(spec, "vmalert").values() for g in yaml.safe_load(text)["groups"]]
+    want = {g["name"]: min(most, len(g["rules"])) for g in groups}
+    assert {g["name"]: g.get("concurrency") for g in groups} == {k: n if n > 1 else None for k, n in want.items()}
+    assert most == 1 or max(g.get("concurrency") or 0 for g in groups) == most
+    prometheus = [g for text in rulepack.render(spec, "prometheus").values() for g in yaml.safe_load(text)["groups"]]
+    assert not any("concurrency" in g for g in prometheus)
+
+
 def _alerts(target: str = "prometheus") -> dict[str, dict[str, Any]]:
     alerts = {}
     for path in sorted((RULES / target).glob("*.yml")):
