@@ -89,8 +89,10 @@ def split(files: dict[str, str], tier: str, node_label: str) -> dict[str, str]:
             if rules:
                 kept = {**group, "rules": rules}
                 if "concurrency" in group:  # vmalert: no more at once than the tier's group has rules
-                    kept["concurrency"] = concurrency(len(rules), group["concurrency"])
-                    if kept["concurrency"] is None:
+                    width = concurrency(len(rules), group["concurrency"])
+                    if width:
+                        kept["concurrency"] = width
+                    else:
                         del kept["concurrency"]
                 if tier == "fleet":
                     kept["name"] = f"{group['name']}-fleet"
