@@ -66,6 +66,7 @@ from prometheus_client.registry import Collector
 
 from exporter import nvmlsim
 from exporter.collector import gpu as ours_gpu
+from exporter.collector import gpu_straggler
 from exporter.collector.base import Context
 from exporter.collector.gpu import GPUCollector
 from exporter.config import Config
@@ -83,8 +84,12 @@ SIM_TIME = 86_400.0  # the simulation's clock stands still: every scrape sees th
 TIMEOUT = 5.0
 # ours_nosysfs: our collector with a sysfs lacking bus/pci/devices (as in some containers), so
 # no PCI scan: the NVML path alone, to compare with the naive exporter like for like.
-KEYS = ("ours", "ours_nosysfs", "naive")
+# ours_plain: ours_nosysfs with the reads that name a straggler's cause switched off (no clocks
+# event reasons, no field values): the collector as it was before them, timed in the same rounds,
+# so what they add is measured side by side rather than across runs of a machine whose speed drifts.
+KEYS = ("ours", "ours_nosysfs", "ours_plain", "naive")
 LABELS = {"ours": "gpunode-exporter", "ours_nosysfs": "gpunode-exporter, no sysfs PCI scan",
+          "ours_plain": "gpunode-exporter, no sysfs PCI scan, without the straggler reads",
           "naive": "naive pynvml"}
 
 
@@ -212,7 +217,10 @@ class Target:
             ctx = Context(procfs=ROOT / "tests" / "fixtures" / "procfs" / "edge", sysfs=sysfs, config=Config(),
                           route_lookup=lambda _a: None)
             self.ctx = ctx
-            self.scraper = Scraper([GPUCollector(ctx)], TIMEOUT)
+            collector = GPUCollector(ctx)
+            if key == "ours_plain":  # empty readings: no NVML call, no row, so no family is rendered
+                collector._straggler.read = lambda _device, _ids: gpu_straggler.Reading()  # type: ignore[method-assign]
+            self.scraper = Scraper([collector], TIMEOUT)
             self.renderer = Renderer()
             self.scrape: Callable[[], bytes] = lambda: self.renderer.render(self.scraper.collect())
         else:
@@ -283,7 +291,7 @@ def only(values: list[int], what: str) -> int:
 def run_case(gpus: int, scenario: Scenario, sysfs: Path, no_sysfs: Path, args: argparse.Namespace,
              ) -> dict[str, Any]:
     clock = lambda: SIM_TIME  # noqa: E731
-    trees = {"ours": sysfs, "ours_nosysfs": no_sysfs, "naive": no_sysfs}
+    trees = {"ours": sysfs, "ours_nosysfs": no_sysfs, "ours_plain": no_sysfs, "naive": no_sysfs}
 
     # Cold: first scrape of a fresh exporter on a fresh simulation (NVML not initialised,
     # pynvml's function-pointer cache empty), alternating who goes first.
@@ -310,6 +318,7 @@ def run_case(gpus: int, scenario: Scenario, sysfs: Path, no_sysfs: Path, args: a
         first = {k: targets[k].scrape() for k in KEYS}  # the cold scrape, measured above
         ours_only = check_same_values(first["ours"], first["naive"], gpus)
         check_same_values(first["ours_nosysfs"], first["naive"], gpus)
+        check_same_values(first["ours_plain"], first["naive"], gpus)
         for i in range(args.warmup):
             for key in order(i):
                 targets[key].scrape()
@@ -324,7 +333,7 @@ def run_case(gpus: int, scenario: Scenario, sysfs: Path, no_sysfs: Path, args: a
                 calls[key].append(n)
                 sizes[key].append(len(body))
                 bodies[key] = body
-        for key in ("ours", "ours_nosysfs"):  # still the same at the end
+        for key in ("ours", "ours_nosysfs", "ours_plain"):  # still the same at the end
             check_same_values(bodies[key], bodies["naive"], gpus)
         by_function = {}
         for key in KEYS:
@@ -431,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         "scrapes": args.scrapes, "warmup": args.warmup, "cold_repetitions": args.cold,
         "what": {"ours": "Scraper([GPUCollector(ctx)], 5.0) + Renderer().render(scraper.collect())",
                  "ours_nosysfs": "the same with Context.sysfs an empty directory: no PCI scan",
+                 "ours_plain": "ours_nosysfs with the straggler reads (clocks event reasons, field values) off: "
+                               "the collector before them, in the same rounds",
                  "naive": "prometheus_client custom collector reading every NVML value each scrape "
                           "+ generate_latest(registry)",
                  "nvml": "exporter.nvmlsim: ctypes callbacks standing in for libnvidia-ml; not a real driver"},
@@ -453,6 +464,12 @@ def main(argv: list[str] | None = None) -> int:
     results["exporter_source_changed_during_run"] = source_fingerprint() != results["exporter_source_sha256"]
 
     for gpus, case in results["cases"].items():
+        e = case["exporters"]
+        added = e["ours_nosysfs"]["steady"]["p50_ms"] - e["ours_plain"]["steady"]["p50_ms"]
+        case["straggler_reads_added_p50_ms"] = added
+        print(f"{gpus} GPUs: the straggler reads add {added:+.3f} ms p50 ({e['ours_plain']['nvml_calls_per_scrape']} "
+              f"-> {e['ours_nosysfs']['nvml_calls_per_scrape']} NVML calls, {e['ours_plain']['samples']} -> "
+              f"{e['ours_nosysfs']['samples']} samples), side by side in the same rounds")
         print(f"{gpus} GPUs: ours also reads sysfs every scrape (PCI scan p50 "
               f"{case['ours_pci_sysfs_scan_p50_ms']:.3f} ms, included in its latency); one simulated NVML call "
               f"through pynvml {case['simulated_nvml_call_us']:.1f} us; series only ours "

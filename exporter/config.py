@@ -60,6 +60,9 @@ class NFSConfig:
 class GPUConfig:
     # GPUs this node should have; exported as gpunode_gpus_expected (absent when unset).
     expected_count: int | None = None
+    # gpunode_gpu_nvlink_errors_total per link; by default one series per GPU and type, link="all":
+    # 18 links per GPU would add 8 x 18 series per type and node (docs/series-budget.md).
+    nvlink_per_link: bool = False
 
 
 @dataclass(frozen=True)

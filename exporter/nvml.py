@@ -2,8 +2,9 @@
 
 Static facts (UUID, name, serial, PCI bus id, maximum PCIe link) are read when a
 device is first seen and kept until the device set changes; collectors fetch only
-dynamic values per scrape. When the driver goes away under us (unloaded,
-upgraded), the session is dropped and the next call starts a new one.
+dynamic values per scrape, and may keep what they learn about a device on it (what
+it never supports is not asked again). When the driver goes away under us
+(unloaded, upgraded), the session is dropped and the next call starts a new one.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pynvml
@@ -28,7 +29,12 @@ _CODE_NAMES = {value: name.removeprefix("NVML_ERROR_") for name, value in vars(p
 
 def error_name(err: NVMLError) -> str:
     """NOT_SUPPORTED, GPU_IS_LOST, ...: stable label values, unlike the messages."""
-    return _CODE_NAMES.get(err.value, str(err.value))
+    return code_name(err.value)
+
+
+def code_name(code: int) -> str:
+    """The name of an nvmlReturn_t, as error_name() gives it (per-field returns carry only the code)."""
+    return _CODE_NAMES.get(code, str(code))
 
 
 class GPULostError(Exception):
@@ -48,6 +54,10 @@ class Device:
     minor: int | None = None  # N of /dev/nvidiaN (not always the index); None when NVML does not say
     complete: bool = False  # every static fact read (or known unsupported)
     lost: bool = False  # NVML said GPU_IS_LOST on the last call that reached this device
+    # Functions read with sticky=True that answered NOT_SUPPORTED or that the driver lacks.
+    unsupported: set[str] = field(default_factory=set)
+    # What a collector learned about the device (e.g. its NVLink field plan), kept with it.
+    learned: dict[str, Any] = field(default_factory=dict)
 
 
 class Session:
@@ -95,11 +105,16 @@ class Session:
                 self._devices = []
             raise
 
-    def read(self, device: Device, fn: Callable[..., T], *args: Any) -> T | None:
-        """fn(device.handle, *args): None when unsupported or failed (failures counted in errors).
+    def read(self, device: Device, fn: Callable[..., T], *args: Any, sticky: bool = False) -> T | None:
+        """fn(device.handle, *args): None when unsupported, absent from the driver, or failed
+        (failures counted in errors). sticky: a function that answered NOT_SUPPORTED or that the
+        driver lacks is remembered on the device and not called again.
 
         Raises GPULostError (and marks the device lost), or NVMLError when the session is gone.
         """
+        name = fn.__name__
+        if sticky and name in device.unsupported:
+            return None
         try:
             value = self.call(fn, device.handle, *args)
         except GPULostError:
@@ -108,9 +123,14 @@ class Session:
         except NVMLError as err:
             if err.value in _SESSION_GONE:
                 raise
-            self.errors[(device.index, fn.__name__, error_name(err))] += 1
+            if err.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:  # an older driver: as NOT_SUPPORTED
+                device.unsupported.add(name)
+                return None
+            self.errors[(device.index, name, error_name(err))] += 1
             return None
         device.lost = False
+        if value is None and sticky:
+            device.unsupported.add(name)
         return value
 
     def _read_static(self, device: Device) -> None:

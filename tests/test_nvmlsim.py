@@ -13,6 +13,7 @@ import yaml
 
 from exporter import nvmlsim
 from exporter.config import ConfigError
+from exporter.nvmlsim import library
 from exporter.nvmlsim.library import FUNCTIONS
 from exporter.nvmlsim.scenario import build
 from tests.helpers import SimClock, simulated_nvml
@@ -180,6 +181,18 @@ def test_xid_events_in_order_once(nvml: nvmlsim.SimulatedNVML, clock: SimClock) 
     ({"errors": [{"function": "nvmlDeviceGetUUID", "error": "OOPS"}]}, "unknown NVML error 'OOPS'"),
     ({"histogram": [[0, {"max": 10}], ["1h", {"max": 8}]]}, "every point must count the same number of banks"),
     ({"uuid": UUID.format(0)}, "two GPUs share a uuid"),
+    ({"model": "h200"}, "gpus[1].model: want one of h100-sxm, b200"),
+    ({"clock_events": {"active": ["hot"]}}, "gpus[1].clock_events.active: unknown clock event reason 'hot'"),
+    ({"violations": {"thermal": -1}}, "gpus[1].violations.thermal: want a number >= 0"),
+    ({"violations": {"heat": 1}}, "gpus[1].violations: unknown key 'heat'"),
+    ({"clock_events": {"seconds": {"sw_power_cap": 1}}}, "gpus[1].clock_events.seconds: unknown key 'sw_power_cap'"),
+    ({"violations": {"power": {"rate": [[0, 1]], "linear": []}}}, "a rate takes only the key 'rate'"),
+    ({"nvlink": {"state": {18: "inactive"}}}, "gpus[1].nvlink.state.18: want a link number 0..17"),
+    ({"nvlink": {"state": {2: "broken"}}}, "gpus[1].nvlink.state.2: want one of inactive, active, sleep"),
+    ({"model": "b200", "nvlink": {"errors": {2: {"replay": 1}}}}, "gpus[1].nvlink.errors.2: unknown key 'replay'"),
+    ({"nvlink": {"counters": "nvlink6"}}, "gpus[1].nvlink.counters: want one of legacy, nvlink5"),
+    ({"errors": [{"function": "nvmlDeviceGetUUID", "field": 161, "error": "UNKNOWN"}]},
+     "gpus[1].errors[0]: 'field'"),
 ])
 def test_scenario_errors_name_the_key(change: dict, message: str) -> None:
     data = node()
@@ -191,8 +204,125 @@ def test_scenario_errors_name_the_key(change: dict, message: str) -> None:
 def test_shipped_scenarios_load() -> None:
     names = sorted(p.stem for p in Path(nvmlsim.example("healthy-h100")).parent.glob("*.yaml"))
     assert names == ["fell-off-bus", "gpu122-uncorrectable-steps", "gpu124-correctable-acceleration",
-                     "healthy-h100"]
+                     "healthy-h100", "thermal-straggler-b200"]
     for name in names:
         scenario = nvmlsim.load(nvmlsim.example(name))
         assert len(scenario.gpus) == 8
         assert yaml.safe_load(nvmlsim.example(name).read_text())["description"]
+
+
+# --- clocks, violation time, field values ------------------------------------------------------
+
+FIELD_VALUE = [("fieldId", 0), ("scopeId", 4), ("timestamp", 8), ("latencyUsec", 16), ("valueType", 24),
+               ("nvmlReturn", 28), ("value", 32)]  # nvml.h's nvmlFieldValue_t, 40 bytes
+
+
+def test_field_value_layout_is_nvml_h_and_pynvml_agrees() -> None:
+    for struct_type in (library._FieldValue, pynvml.c_nvmlFieldValue_t):
+        assert [(name, getattr(struct_type, name).offset) for name, _ in FIELD_VALUE] == FIELD_VALUE
+        assert ctypes.sizeof(struct_type) == 40
+    assert ctypes.sizeof(library._ViolationTime) == ctypes.sizeof(pynvml.c_nvmlViolationTime_t) == 16
+
+
+@pytest.mark.scenario(node(violations={"power": 2.5, "thermal": {"rate": [["10m", 0.5], ["20m", 0]]}},
+                           clock_events={"seconds": {"hw_power_brake_slowdown": 1.25}}, pcie={"replays": 7},
+                           nvlink={"state": {5: [[0, "active"], ["40m", "sleep"]]},
+                                   "errors": {5: {"recovery": [[0, 0], ["30m", 3]], "crc": 2}}}))
+def test_field_values_through_pynvmls_own_structures(nvml: nvmlsim.SimulatedNVML, clock: SimClock) -> None:
+    h = pynvml.nvmlDeviceGetHandleByIndex(1)
+    ask = [75, 74, 91, 94, (165, 5), (162, 5), (163, 5), (161, 0), (165, 17), (165, 18), (215, 5), 9999]
+    clock.t = 45 * 60
+    got = [(v.fieldId, v.scopeId, v.nvmlReturn, v.valueType) for v in pynvml.nvmlDeviceGetFieldValues(h, ask)]
+    ok, ull, uint = pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+    unsupported, invalid = pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT
+    assert got == [(75, 0, ok, ull), (74, 0, ok, ull), (91, 0, ok, uint), (94, 0, ok, uint), (165, 5, ok, uint),
+                   (162, 5, ok, ull), (163, 5, ok, ull), (161, 0, ok, ull), (165, 17, ok, uint),
+                   (165, 18, invalid, 0),  # past the GPU's 18 links
+                   (215, 5, unsupported, 0),  # NVLink 5's counter, on an H100
+                   (9999, 0, unsupported, 0)]  # a field this driver does not know
+    values = pynvml.nvmlDeviceGetFieldValues(h, ask[:9])
+    assert [values[i].value.ullVal for i in (0, 1, 5, 6, 7)] == [300 * 10 ** 9, 2500 * 10 ** 6, 3, 2, 0]
+    assert [values[i].value.uiVal for i in (2, 3, 4, 8)] == [18, 7, pynvml.NVML_NVLINK_STATE_SLEEP,
+                                                           pynvml.NVML_NVLINK_STATE_ACTIVE]
+    assert all(v.timestamp > 1_600_000_000 * 10 ** 6 for v in values)  # microseconds since 1970
+    # the time in each slowdown (269 SW thermal, 270 HW thermal, 271 HW power brake), in ns
+    times = pynvml.nvmlDeviceGetFieldValues(h, [269, 270, 271])
+    assert [(v.nvmlReturn, v.valueType, v.value.ullVal) for v in times] == [(ok, ull, 0), (ok, ull, 0),
+                                                                              (ok, ull, 1_250_000_000)]
+    # The same through the function nvml.h deprecates for these fields: nanoseconds in nvmlViolationTime_t.
+    assert pynvml.nvmlDeviceGetViolationStatus(h, pynvml.NVML_PERF_POLICY_THERMAL).violationTime == 300 * 10 ** 9
+    assert pynvml.nvmlDeviceGetViolationStatus(h, pynvml.NVML_PERF_POLICY_POWER).violationTime == 2500 * 10 ** 6
+    assert pynvml.nvmlDeviceGetPcieReplayCounter(h) == 7
+
+
+@pytest.mark.scenario(node(model="b200", nvlink={"errors": {3: {"recovery": 5}}},
+                           errors=[{"function": "nvmlDeviceGetFieldValues", "field": 215, "link": 4,
+                                    "error": "UNKNOWN", "from": "1h"}]))
+def test_b200_answers_the_dl_counters_not_supported(nvml: nvmlsim.SimulatedNVML, clock: SimClock) -> None:
+    h = pynvml.nvmlDeviceGetHandleByIndex(1)
+    assert pynvml.nvmlDeviceGetName(h) == "NVIDIA B200"
+    assert pynvml.nvmlDeviceGetPciInfo(h).pciDeviceId == 0x290110DE
+    ask = [(161, 3), (162, 3), (163, 3), (215, 3), (215, 4), (91, 0)]
+
+    def answers() -> list[tuple[int, int]]:
+        return [(v.nvmlReturn, v.value.ullVal) for v in pynvml.nvmlDeviceGetFieldValues(h, ask)]
+
+    unsupported = pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert answers() == [(unsupported, 0)] * 3 + [(0, 5), (0, 0), (0, 18)]
+    clock.t = 3600  # a field failing while the call succeeds
+    assert answers() == [(unsupported, 0)] * 3 + [(0, 5), (pynvml.NVML_ERROR_UNKNOWN, 0), (0, 18)]
+
+
+@pytest.mark.scenario(node(lost_at="1m"))
+def test_field_values_of_a_lost_gpu(nvml: nvmlsim.SimulatedNVML, clock: SimClock) -> None:
+    h = pynvml.nvmlDeviceGetHandleByIndex(1)
+    assert pynvml.nvmlDeviceGetFieldValues(h, [74])[0].nvmlReturn == pynvml.NVML_SUCCESS
+    clock.t = 60
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):  # the whole call, as every call on a lost GPU
+        pynvml.nvmlDeviceGetFieldValues(h, [74])
+
+
+@pytest.mark.scenario(node(clock_events={"active": [[0, []], ["10m", ["hw_slowdown", "display_clock_setting"]],
+                                                    ["20m", 0x60]],
+                                         "supported": ["gpu_idle", "hw_slowdown", "sw_thermal_slowdown",
+                                                       "hw_thermal_slowdown"]}))
+def test_clocks_event_reasons(nvml: nvmlsim.SimulatedNVML, clock: SimClock) -> None:
+    h = pynvml.nvmlDeviceGetHandleByIndex(1)
+    functions = (pynvml.nvmlDeviceGetCurrentClocksEventReasons, pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)
+    seen = []
+    for minute in (0, 10, 20):
+        clock.t = minute * 60
+        seen.append({fn(h) for fn in functions})
+    # Only the reasons the GPU reports: display_clock_setting is not one of them.
+    assert seen == [{0}, {pynvml.nvmlClocksEventReasonHwSlowdown},
+                    {pynvml.nvmlClocksEventReasonSwThermalSlowdown | pynvml.nvmlClocksEventReasonHwThermalSlowdown}]
+    assert pynvml.nvmlDeviceGetSupportedClocksEventReasons(h) == 0x1 | 0x8 | 0x20 | 0x40
+    assert pynvml.nvmlDeviceGetSupportedClocksThrottleReasons(h) == 0x1 | 0x8 | 0x20 | 0x40
+    assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(pynvml.nvmlDeviceGetHandleByIndex(0)) == 0
+
+
+def test_an_older_driver_has_the_old_names_only(clock: SimClock) -> None:
+    old = {**node(clock_events={"active": ["sw_power_cap"]}),
+           "driver": {"missing_functions": ["nvmlDeviceGetCurrentClocksEventReasons"]}}
+    with simulated_nvml(old, clock):
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(1)
+        with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+            pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)
+        assert pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h) == pynvml.nvmlClocksThrottleReasonSwPowerCap
+
+
+def test_counter_rates_and_a_clock_that_moves() -> None:
+    data = node(violations={"thermal": {"rate": [["10m", 0.5], ["20m", 0], ["30m", 1]]}})
+    thermal = build(data, FUNCTIONS).gpus[1].violations["thermal"]
+    assert [thermal.at(m * 60) for m in (0, 10, 15, 20, 25, 30, 31)] == [0, 0, 150, 300, 300, 300, 360]
+
+
+@pytest.mark.scenario(node(nvlink={"errors": {0: {"replay": {"linear": [[0, 0], ["1h", 3600]]}}}}))
+def test_an_answer_is_reused_only_at_the_same_time(nvml: nvmlsim.SimulatedNVML, clock: SimClock) -> None:
+    h = pynvml.nvmlDeviceGetHandleByIndex(1)
+    replay = []
+    for t in (10, 10, 20, 10):
+        clock.t = t
+        replay.append(pynvml.nvmlDeviceGetFieldValues(h, [(161, 0)])[0].value.ullVal)
+    assert replay == [10, 10, 20, 10]

@@ -9,19 +9,24 @@ EXAMPLES examples per parser (README.md: how many CI runs).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import math
 import re
+import struct
 import tempfile
 from pathlib import Path
 
+import pynvml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter import numbers, rulepack, webconfig
+from exporter.collector import gpu_straggler
 from exporter.config import ConfigError
 from exporter.ethtool import pfc_pause_frames
 from exporter.kmsg import parse_record
+from exporter.nvml import Device, GPULostError, Session
 from exporter.procfs import cgroup, mountinfo, mountstats, pid
 from exporter.sysfs import net
 from exporter.xid import state as statefile
@@ -67,6 +72,65 @@ def test_kernel_numbers(text: str) -> None:
             continue
         assert low <= value <= high
         assert re.fullmatch("-?[0-9]+" if parse is numbers.s64 else "[0-9]+", text, re.ASCII)
+
+
+# --- nvmlDeviceGetFieldValues answers (the driver's bytes) ----------------------------------
+
+class _Driver(Session):
+    """Answers every call with these nvmlFieldValue_t bytes, as a driver with any values might."""
+
+    def __init__(self, answer: bytes) -> None:
+        super().__init__()
+        self.answer = answer
+
+    def read(self, device: Device, fn: object, *args: object, sticky: bool = False) -> object:
+        ctypes.memmove(args[0], self.answer, len(self.answer))
+        return args[0]
+
+
+_RETURNS = st.sampled_from([pynvml.NVML_SUCCESS] * 4 + [
+    pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_UNKNOWN, pynvml.NVML_ERROR_INVALID_ARGUMENT,
+    pynvml.NVML_ERROR_GPU_IS_LOST, -1, 2 ** 31 - 1])
+_RAW = st.one_of(st.integers(0, 2 ** 64 - 1), st.sampled_from([  # NOT_AVAILABLE, negatives, +-inf and NaN as doubles
+    0, 1, 2 ** 64 - 1, 2 ** 32 - 1, 2 ** 63, 0x7FF0000000000000, 0x7FF8000000000000, 0xFFF0000000000000]))
+
+
+@SETTINGS
+@given(st.integers(-2, 9), _RAW)
+def test_field_value_decode(value_type: int, raw: int) -> None:
+    value = gpu_straggler.decode(value_type, raw)
+    assert value is None or (value >= 0 and math.isfinite(value))
+
+
+@SETTINGS
+@given(st.data())
+def test_field_values_answers(data: st.DataObject) -> None:
+    links = data.draw(st.integers(0, 3))
+    plan = gpu_straggler.Fields.plan(links)
+    if data.draw(st.booleans()):
+        plan = plan.settle(set(data.draw(st.lists(st.integers(0, len(plan.ids) - 1)))))
+    usual = data.draw(st.booleans())  # every field answered in the types expected: the fast path
+    answer = b"".join(struct.pack("=" + gpu_straggler.FIELD_FORMAT, fid, scope, 0, 0,
+                                  kind if usual else data.draw(st.integers(-2, 9)),
+                                  pynvml.NVML_SUCCESS if usual else data.draw(_RETURNS), data.draw(_RAW))
+                      for (fid, scope), kind in zip(plan.ids, plan.types, strict=True))
+    reads = gpu_straggler.StragglerReads(_Driver(answer), per_link=data.draw(st.booleans()))
+    device, out, ids = Device(0), gpu_straggler.Reading(), ("0", "GPU-x")
+    try:
+        reads._read_fields(device, plan, gpu_straggler._Labels(ids), out)
+    except GPULostError:
+        returns = struct.unpack("=" + gpu_straggler.FIELD_FORMAT * len(plan.ids), answer)[5::7]
+        assert device.lost and pynvml.NVML_ERROR_GPU_IS_LOST in returns
+        return
+    assert out.events == []
+    for rows in (out.violations, out.errors, out.up, out.replays):  # one value each, a count
+        assert len(rows) == len({labels for labels, _ in rows})
+        assert all(v >= 0 and math.isfinite(v) for _, v in rows)
+    assert {labels[2] for labels, _ in out.violations} <= {p for p, _ in gpu_straggler.POLICIES}
+    assert all(labels == ids and v <= links for labels, v in out.up)
+    assert all(labels == ids and v < 2 ** 64 - 1 for labels, v in out.replays)
+    for (_, _, link, kind), _ in out.errors:
+        assert kind in ("replay", "recovery", "crc_flit") and (link == "all" or 0 <= int(link) < links)
 
 
 # --- /proc/PID/mountstats --------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""GPU health: row remapping, presence (NVML and the PCI bus), PCIe link. From NVML and sysfs."""
+"""GPU health: row remapping, presence (NVML and the PCI bus), PCIe link; what slows a GPU down
+(clocks event reasons and violation time, NVLink, PCIe replays: gpu_straggler.py). From NVML and sysfs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterator
 
 import pynvml
 
+from exporter.collector import gpu_straggler
 from exporter.collector.base import Collector, Context, Family, MetricSpec, register
 from exporter.nvml import Device, GPULostError
 from exporter.sysfs import pci
@@ -44,7 +46,8 @@ LINK_WIDTH = MetricSpec("gpunode_gpu_pcie_link_width", "gauge",
                         (*_GPU, "kind"))
 NVML_ERRORS = MetricSpec("gpunode_nvml_errors_total", "counter",
                          "Per-GPU NVML calls that failed with an error other than NOT_SUPPORTED or "
-                         "GPU_IS_LOST.", (*_GPU, "function", "error"))
+                         "GPU_IS_LOST (for nvmlDeviceGetFieldValues: each field that failed).",
+                         (*_GPU, "function", "error"))
 
 _AVAILABILITY = ("max", "high", "partial", "low", "none")
 
@@ -52,14 +55,16 @@ _AVAILABILITY = ("max", "high", "partial", "low", "none")
 @register
 class GPUCollector(Collector):
     name = "gpu"
-    description = "GPU health from NVML and sysfs: row remapping, GPUs present, PCIe link."
+    description = ("GPU health from NVML and sysfs: row remapping, GPUs present, PCIe link, clocks event reasons, "
+                   "NVLink.")
     metrics = (INFO, UP, VISIBLE, EXPECTED, REMAPPED_ROWS, REMAP_PENDING, REMAP_FAILURE, REMAP_BANKS,
-               LINK_GENERATION, LINK_WIDTH, NVML_ERRORS)
+               LINK_GENERATION, LINK_WIDTH, *gpu_straggler.SPECS, NVML_ERRORS)
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self._bus = pci.BusScanner(ctx.sysfs)
         self._logged: set[tuple[int, str, str]] = set()
+        self._straggler = gpu_straggler.StragglerReads(ctx.nvml, ctx.config.gpu.nvlink_per_link)
 
     def collect(self) -> Iterator[Family]:
         visible, expected = VISIBLE.family(), EXPECTED.family()
@@ -81,7 +86,7 @@ class GPUCollector(Collector):
     def _per_gpu(self, devices: list[Device], on_bus: dict[str, pci.PCIGPU]) -> Iterator[Family]:
         session = self.ctx.nvml
         fams = {spec: spec.family() for spec in (INFO, UP, REMAPPED_ROWS, REMAP_PENDING, REMAP_FAILURE,
-                                                  REMAP_BANKS, LINK_GENERATION, LINK_WIDTH)}
+                                                  REMAP_BANKS, LINK_GENERATION, LINK_WIDTH, *gpu_straggler.SPECS)}
         for d in devices:
             ids = (str(d.index), d.uuid)
             if d.handle is None:
@@ -93,6 +98,7 @@ class GPUCollector(Collector):
                 banks = session.read(d, pynvml.nvmlDeviceGetRowRemapperHistogram)
                 generation = session.read(d, pynvml.nvmlDeviceGetCurrPcieLinkGeneration)
                 width = session.read(d, pynvml.nvmlDeviceGetCurrPcieLinkWidth)
+                straggler = self._straggler.read(d, ids)
             except GPULostError:
                 fams[UP].add(ids, 0)
                 continue
@@ -114,6 +120,7 @@ class GPUCollector(Collector):
                     fams[spec].add((*ids, "current"), current)
                 if maximum is not None:
                     fams[spec].add((*ids, "max"), maximum)
+            self._straggler.add(straggler, fams)
         yield from fams.values()
         yield self._errors(devices)
 

@@ -16,12 +16,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from ctypes import c_char, c_int, c_uint, c_ulonglong, c_void_p
+from ctypes import c_char, c_double, c_int, c_longlong, c_uint, c_ulong, c_ulonglong, c_ushort, c_void_p
 from typing import Any
 
 import pynvml
 
-from exporter.nvmlsim.scenario import GPU, Scenario
+from exporter.nvmlsim.scenario import EVENT_TIMES, GPU, NVLINK_COUNTERS, POLICIES, Scenario
 
 SUCCESS = pynvml.NVML_SUCCESS
 E = pynvml  # error codes: E.NVML_ERROR_*
@@ -34,6 +34,20 @@ class _PciInfo(ctypes.Structure):  # nvmlPciInfo_t (nvml.h, v3)
 
 class _Histogram(ctypes.Structure):  # nvmlRowRemapperHistogramValues_t
     _fields_ = (("max", c_uint), ("high", c_uint), ("partial", c_uint), ("low", c_uint), ("none", c_uint))
+
+
+class _Value(ctypes.Union):  # nvmlValue_t
+    _fields_ = (("dVal", c_double), ("siVal", c_int), ("uiVal", c_uint), ("ulVal", c_ulong),
+                ("ullVal", c_ulonglong), ("sllVal", c_longlong), ("usVal", c_ushort))
+
+
+class _FieldValue(ctypes.Structure):  # nvmlFieldValue_t; the two enums (valueType, nvmlReturn) are ints
+    _fields_ = (("fieldId", c_uint), ("scopeId", c_uint), ("timestamp", c_longlong), ("latencyUsec", c_longlong),
+                ("valueType", c_int), ("nvmlReturn", c_int), ("value", _Value))
+
+
+class _ViolationTime(ctypes.Structure):  # nvmlViolationTime_t
+    _fields_ = (("referenceTime", c_ulonglong), ("violationTime", c_ulonglong))
 
 
 class _EventData(ctypes.Structure):  # nvmlEventData_t
@@ -61,6 +75,13 @@ SIGNATURES: dict[str, tuple[Any, ...]] = {
     "nvmlDeviceGetMaxPcieLinkGeneration": (_P, _P),
     "nvmlDeviceGetCurrPcieLinkWidth": (_P, _P),
     "nvmlDeviceGetMaxPcieLinkWidth": (_P, _P),
+    "nvmlDeviceGetCurrentClocksEventReasons": (_P, _P),
+    "nvmlDeviceGetCurrentClocksThrottleReasons": (_P, _P),  # its name before driver R535, same values
+    "nvmlDeviceGetSupportedClocksEventReasons": (_P, _P),
+    "nvmlDeviceGetSupportedClocksThrottleReasons": (_P, _P),
+    "nvmlDeviceGetViolationStatus": (_P, _U, _P),
+    "nvmlDeviceGetFieldValues": (_P, c_int, _P),
+    "nvmlDeviceGetPcieReplayCounter": (_P, _P),
     "nvmlDeviceGetSupportedEventTypes": (_P, _P),
     "nvmlEventSetCreate": (_P,),
     "nvmlDeviceRegisterEvents": (_P, c_ulonglong, _P),
@@ -69,6 +90,18 @@ SIGNATURES: dict[str, tuple[Any, ...]] = {
 }
 FUNCTIONS = frozenset(SIGNATURES)
 _SUPPORTED_EVENTS = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeGpuRecoveryAction
+
+# nvmlDeviceGetFieldValues: the field ids simulated (nvml.h's NVML_FI_DEV_*, numbers as there), and
+# nvmlValueType_t. Any other field id answers NOT_SUPPORTED in its own nvmlReturn.
+_FI_PERF_POLICY = 74  # + nvmlPerfPolicyType_t (0 power .. 5 reliability): violation time in ns
+_FI_EVENT_TIME = 269  # + EVENT_TIMES' index: time in SW thermal, HW thermal, HW power brake slowdown, in ns
+_FI_NVLINK_LINK_COUNT, _FI_PCIE_REPLAY_COUNTER, _FI_NVLINK_GET_STATE = 91, 94, 165
+# Per link (scopeId): the DL counters, which Blackwell answers NOT_SUPPORTED, and NVLink 5's replacement.
+_FI_NVLINK_COUNTER = {161: ("legacy", "replay"), 162: ("legacy", "recovery"), 163: ("legacy", "crc"),
+                      215: ("nvlink5", "recovery")}  # 215: NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS
+_UINT, _ULL = 1, 3  # NVML_VALUE_TYPE_UNSIGNED_INT, _UNSIGNED_LONG_LONG
+_VALUE_MEMBER = {_UINT: "uiVal", _ULL: "ullVal"}
+assert all(counter in NVLINK_COUNTERS[kind] for kind, counter in _FI_NVLINK_COUNTER.values())
 
 
 class _NVMLReturn(Exception):  # noqa: N818 - a return code, not an error of ours
@@ -99,6 +132,10 @@ class SimulatedNVML:
         # Opaque handles are real addresses, as the driver's are.
         self._handle_memory = [ctypes.create_string_buffer(8) for _ in scenario.gpus]
         self._handles = {ctypes.addressof(b): i for i, b in enumerate(self._handle_memory)}
+        # Per GPU, the last nvmlDeviceGetFieldValues answer: (t, request, answer). The same request at
+        # the same simulated time gets the same answer, computed once (a clock standing still, as in
+        # the benchmark, costs a copy, not the Python that builds it).
+        self._field_answers: dict[int, tuple[float, bytes, bytes]] = {}
         self._event_sets: dict[int, _EventSet] = {}
         self._event_memory: dict[int, Any] = {}
         self._callbacks = {}
@@ -228,6 +265,87 @@ class SimulatedNVML:
 
     def _nvmlDeviceGetMaxPcieLinkWidth(self, t: float, h: int | None, out: int | None) -> None:  # noqa: N802
         self._pcie("nvmlDeviceGetMaxPcieLinkWidth", t, h, out, lambda g: g.pcie_width[1])
+
+    def _nvmlDeviceGetPcieReplayCounter(self, t: float, handle: int | None, out: int | None) -> None:  # noqa: N802
+        _put_uint(out, int(self._gpu(handle, "nvmlDeviceGetPcieReplayCounter", t)[1].pcie_replays.at(t)))
+
+    # --- clocks ---------------------------------------------------------------
+
+    def _reasons(self, name: str, t: float, handle: int | None, out: int | None, supported: bool) -> None:
+        gpu = self._gpu(handle, name, t)[1]
+        mask = gpu.clock_supported if supported else gpu.clock_active.at(t) & gpu.clock_supported
+        c_ulonglong.from_address(_pointer(out)).value = mask
+
+    def _nvmlDeviceGetCurrentClocksEventReasons(self, t: float, h: int | None, out: int | None) -> None:  # noqa: N802
+        self._reasons("nvmlDeviceGetCurrentClocksEventReasons", t, h, out, supported=False)
+
+    def _nvmlDeviceGetCurrentClocksThrottleReasons(self, t: float, h: int | None, out: int | None) -> None:  # noqa: N802
+        self._reasons("nvmlDeviceGetCurrentClocksThrottleReasons", t, h, out, supported=False)
+
+    def _nvmlDeviceGetSupportedClocksEventReasons(self, t: float, h: int | None, out: int | None) -> None:  # noqa: N802
+        self._reasons("nvmlDeviceGetSupportedClocksEventReasons", t, h, out, supported=True)
+
+    def _nvmlDeviceGetSupportedClocksThrottleReasons(self, t: float, h: int | None, out: int | None) -> None:  # noqa: N802
+        self._reasons("nvmlDeviceGetSupportedClocksThrottleReasons", t, h, out, supported=True)
+
+    def _nvmlDeviceGetViolationStatus(self, t: float, handle: int | None, policy: int,  # noqa: N802
+                                      out: int | None) -> None:
+        gpu = self._gpu(handle, "nvmlDeviceGetViolationStatus", t)[1]
+        if policy >= len(POLICIES):  # TOTAL_APP_CLOCKS (10) and TOTAL_BASE_CLOCKS (11) are not simulated
+            raise _NVMLReturn(E.NVML_ERROR_NOT_SUPPORTED if policy in (10, 11) else E.NVML_ERROR_INVALID_ARGUMENT)
+        violation = _ViolationTime.from_address(_pointer(out))
+        violation.referenceTime = time.time_ns() // 1000
+        violation.violationTime = gpu.violation_ns(POLICIES[policy], t)
+
+    # --- field values ---------------------------------------------------------
+
+    def _nvmlDeviceGetFieldValues(self, t: float, handle: int | None, count: int,  # noqa: N802
+                                  values: int | None) -> None:
+        """Every field gets its own nvmlReturn; the call itself succeeds (as the driver's does)."""
+        index, gpu = self._gpu(handle, "nvmlDeviceGetFieldValues", t)
+        if count < 0:
+            raise _NVMLReturn(E.NVML_ERROR_INVALID_ARGUMENT)
+        size = count * ctypes.sizeof(_FieldValue)
+        request = ctypes.string_at(_pointer(values), size)
+        last = self._field_answers.get(index)
+        if last is not None and last[0] == t and last[1] == request:
+            ctypes.memmove(values, last[2], size)
+            return
+        stamp = time.time_ns() // 1000
+        for entry in (_FieldValue * count).from_address(values):
+            code, value_type, value = self._field(gpu, entry.fieldId, entry.scopeId, t)
+            entry.timestamp, entry.latencyUsec, entry.nvmlReturn = stamp, 0, code
+            if code == SUCCESS:
+                entry.valueType = value_type
+                setattr(entry.value, _VALUE_MEMBER[value_type], value)
+        self._field_answers[index] = (t, request, ctypes.string_at(values, size))
+
+    def _field(self, gpu: GPU, field_id: int, scope: int, t: float) -> tuple[int, int, int]:
+        """(nvmlReturn, valueType, value) of one field."""
+        for fault in gpu.faults:
+            if fault.hits_field(field_id, scope, t):
+                return fault.error or 0, 0, 0
+        if _FI_PERF_POLICY <= field_id < _FI_PERF_POLICY + len(POLICIES):
+            return SUCCESS, _ULL, gpu.violation_ns(POLICIES[field_id - _FI_PERF_POLICY], t)
+        if _FI_EVENT_TIME <= field_id < _FI_EVENT_TIME + len(EVENT_TIMES):
+            return SUCCESS, _ULL, gpu.event_ns(EVENT_TIMES[field_id - _FI_EVENT_TIME], t)
+        if field_id == _FI_PCIE_REPLAY_COUNTER:
+            return SUCCESS, _UINT, int(gpu.pcie_replays.at(t))
+        links = gpu.nvlink_links
+        if field_id == _FI_NVLINK_LINK_COUNT:
+            return (SUCCESS, _UINT, links) if links else (E.NVML_ERROR_NOT_SUPPORTED, 0, 0)
+        if field_id != _FI_NVLINK_GET_STATE and field_id not in _FI_NVLINK_COUNTER:
+            return E.NVML_ERROR_NOT_SUPPORTED, 0, 0
+        if not links:
+            return E.NVML_ERROR_NOT_SUPPORTED, 0, 0
+        if scope >= links:  # as the driver answers a link index past the GPU's links
+            return E.NVML_ERROR_INVALID_ARGUMENT, 0, 0
+        if field_id == _FI_NVLINK_GET_STATE:
+            return SUCCESS, _UINT, gpu.link_state(scope, t)
+        kind, counter = _FI_NVLINK_COUNTER[field_id]
+        if kind != gpu.nvlink_counters:
+            return E.NVML_ERROR_NOT_SUPPORTED, 0, 0
+        return SUCCESS, _ULL, gpu.link_errors(scope, counter, t)
 
     # --- events (Xid) ---------------------------------------------------------
 

@@ -21,6 +21,30 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _NVML_BUS_ID = re.compile(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]")
 HISTOGRAM_FIELDS = ("max", "high", "partial", "low", "none")
+# nvml.h's nvmlClocksEventReason* bits, written out here rather than taken from pynvml (as the
+# structures in library.py are), so a wrong constant on either side shows in the tests.
+CLOCK_REASONS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
+                 "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
+                 "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100}
+ALL_REASONS = sum(CLOCK_REASONS.values())
+# nvmlPerfPolicyType_t 0..5, in order: NVML_FI_DEV_PERF_POLICY_POWER (74) .. _RELIABILITY (79).
+POLICIES = ("power", "thermal", "sync_boost", "board_limit", "low_utilization", "reliability")
+# The clocks event reasons whose time the driver counts in fields of their own (nvml.h:
+# NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN 269, _HW_THERM_SLOWDOWN 270,
+# _HW_POWER_BRAKE_SLOWDOWN 271; SW power cap and sync boost are the violation times 74 and 76).
+EVENT_TIMES = ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+# Per-link error counters, by what the driver calls them: the DL counters of NVML_FI_DEV_NVLINK_ERROR_DL_*
+# (replay, recovery, crc) before Blackwell; NVLink 5 (Blackwell) has link recovery events instead.
+NVLINK_COUNTERS = {"legacy": ("replay", "recovery", "crc"), "nvlink5": ("recovery",)}
+NVLINK_STATES = {"inactive": 0, "active": 1, "sleep": 2}
+# GPU models a scenario may name; every key can still be given on its own. PCI ids as NVML reports them
+# (device << 16 | vendor), from NVIDIA's open-gpu-kernel-modules README (its table of compatible GPUs).
+MODELS: dict[str, dict[str, Any]] = {
+    "h100-sxm": {"name": "NVIDIA H100 80GB HBM3", "pci_device_id": 0x233010DE, "pci_subsystem_id": 0x16C110DE,
+                 "nvlink_links": 18, "nvlink_counters": "legacy"},
+    "b200": {"name": "NVIDIA B200", "pci_device_id": 0x290110DE, "pci_subsystem_id": 0x199910DE,
+             "nvlink_links": 18, "nvlink_counters": "nvlink5"},
+}
 # Error names a scenario may use: pynvml's NVML_ERROR_* constants without the prefix.
 ERROR_CODES = {name.removeprefix("NVML_ERROR_"): value for name, value in vars(pynvml).items()
                if name.startswith("NVML_ERROR_") and isinstance(value, int)}
@@ -92,6 +116,60 @@ def _timeline(data: Any, where: str, check: Any) -> Timeline:
     return Timeline(tuple(times), tuple(values), linear)
 
 
+@dataclass(frozen=True)
+class Rate:
+    """A counter growing at a rate per second that changes in steps; 0 before the first point."""
+
+    times: tuple[float, ...]
+    rates: tuple[float, ...]
+    totals: tuple[float, ...]  # the count at each point
+
+    def at(self, t: float) -> float:
+        i = bisect.bisect_right(self.times, t) - 1
+        if i < 0:
+            return 0.0
+        return self.totals[i] + self.rates[i] * (t - self.times[i])
+
+
+def _counter(data: Any, where: str, check: Any) -> Timeline | Rate:
+    """A counter: any timeline, or {rate: [[t, per second], ...]}."""
+    if not (isinstance(data, dict) and "rate" in data):
+        return _timeline(data, where, check)
+    if set(data) != {"rate"}:
+        raise ConfigError(f"{where}: a rate takes only the key 'rate'")
+    steps = _timeline(data["rate"], f"{where}.rate", _amount)
+    totals = [0.0]
+    for i in range(1, len(steps.times)):
+        totals.append(totals[-1] + steps.values[i - 1] * (steps.times[i] - steps.times[i - 1]))
+    return Rate(steps.times, steps.values, tuple(totals))
+
+
+def _amount(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        raise ConfigError(f"{where}: want a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _reasons(value: Any, where: str) -> int:
+    """Clock event reasons: a list of names, or nvml.h's bitmask as a number."""
+    if isinstance(value, list):
+        unknown = [v for v in value if v not in CLOCK_REASONS]
+        if unknown:
+            raise ConfigError(f"{where}: unknown clock event reason {unknown[0]!r} (use {', '.join(CLOCK_REASONS)})")
+        return sum({CLOCK_REASONS[v] for v in value})
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2 ** 64:
+        raise ConfigError(f"{where}: want a list of reason names or a bitmask, got {value!r}")
+    return value
+
+
+def _link_state(value: Any, where: str) -> int:
+    if value in NVLINK_STATES:
+        return NVLINK_STATES[value]
+    if value in NVLINK_STATES.values() and not isinstance(value, bool):
+        return int(value)
+    raise ConfigError(f"{where}: want one of {', '.join(NVLINK_STATES)} (or 0, 1, 2), got {value!r}")
+
+
 def _count(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != int(value):
         raise ConfigError(f"{where}: want a whole number >= 0, got {value!r}")
@@ -110,9 +188,14 @@ def _histogram(value: Any, where: str) -> tuple[int, ...]:
     return tuple(_count(value.get(k, 0), f"{where}.{k}") for k in HISTOGRAM_FIELDS)
 
 
-def _keys(data: Any, where: str, required: set[str], optional: set[str]) -> dict[str, Any]:
+def _mapping(data: Any, where: str) -> dict[Any, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: want a mapping, got {type(data).__name__}")
+    return data
+
+
+def _keys(data: Any, where: str, required: set[str], optional: set[str]) -> dict[str, Any]:
+    _mapping(data, where)
     missing = required - set(data)
     if missing:
         raise ConfigError(f"{where}: missing key '{sorted(missing)[0]}'")
@@ -131,9 +214,14 @@ class Fault:
     hang_seconds: float
     start: float
     end: float
+    field: int | None = None  # nvmlDeviceGetFieldValues: the call succeeds, this field answers `error`
+    link: int | None = None  # ... for this scopeId only (None: every one)
 
     def active(self, function: str, t: float) -> bool:
-        return function == self.function and self.start <= t < self.end
+        return function == self.function and self.field is None and self.start <= t < self.end
+
+    def hits_field(self, field_id: int, scope: int, t: float) -> bool:
+        return (field_id == self.field and self.link in (None, scope) and self.start <= t < self.end)
 
 
 @dataclass(frozen=True)
@@ -170,6 +258,15 @@ class GPU:
     faults: tuple[Fault, ...]
     xids: tuple[XidEvent, ...]
     recovery_actions: tuple[RecoveryActionEvent, ...] = ()
+    clock_supported: int = ALL_REASONS
+    clock_active: Timeline = field(default_factory=lambda: Timeline.constant(0))  # bitmask over time
+    violations: dict[str, Timeline | Rate] = field(default_factory=dict)  # policy -> seconds
+    event_seconds: dict[str, Timeline | Rate] = field(default_factory=dict)  # reason (EVENT_TIMES) -> seconds
+    nvlink_links: int = 18
+    nvlink_counters: str = "legacy"  # a key of NVLINK_COUNTERS
+    nvlink_state: dict[int, Timeline] = field(default_factory=dict)  # link -> state; default active
+    nvlink_errors: dict[tuple[int, str], Timeline | Rate] = field(default_factory=dict)  # (link, counter)
+    pcie_replays: Timeline | Rate = field(default_factory=lambda: Timeline.constant(0))
 
     def lost(self, t: float) -> bool:
         return self.lost_at is not None and t >= self.lost_at
@@ -188,6 +285,22 @@ class GPU:
             return self.histogram.at(t)
         used = min(sum(self.remapped(t)), self.banks)
         return (self.banks - used, used, 0, 0, 0)
+
+    def violation_ns(self, policy: str, t: float) -> int:
+        timeline = self.violations.get(policy)
+        return int(timeline.at(t) * 1e9) if timeline is not None else 0
+
+    def event_ns(self, reason: str, t: float) -> int:
+        timeline = self.event_seconds.get(reason)
+        return int(timeline.at(t) * 1e9) if timeline is not None else 0
+
+    def link_state(self, link: int, t: float) -> int:
+        timeline = self.nvlink_state.get(link)
+        return int(timeline.at(t)) if timeline is not None else NVLINK_STATES["active"]
+
+    def link_errors(self, link: int, counter: str, t: float) -> int:
+        timeline = self.nvlink_errors.get((link, counter))
+        return int(timeline.at(t)) if timeline is not None else 0
 
 
 @dataclass(frozen=True)
@@ -214,7 +327,7 @@ def _faults(data: Any, where: str, known_functions: frozenset[str]) -> tuple[Fau
     faults = []
     for n, item in enumerate(data):
         w = f"{where}[{n}]"
-        item = _keys(item, w, {"function"}, {"error", "hang_seconds", "from", "until"})
+        item = _keys(item, w, {"function"}, {"error", "hang_seconds", "from", "until", "field", "link"})
         if item["function"] not in known_functions:
             raise ConfigError(f"{w}.function: {item['function']!r} is not a simulated NVML function")
         if ("error" in item) == ("hang_seconds" in item):
@@ -223,14 +336,24 @@ def _faults(data: Any, where: str, known_functions: frozenset[str]) -> tuple[Fau
         hang = seconds(item.get("hang_seconds", 0), f"{w}.hang_seconds")
         start = seconds(item.get("from", 0), f"{w}.from")
         end = seconds(item["until"], f"{w}.until") if "until" in item else float("inf")
-        faults.append(Fault(item["function"], error, hang, start, end))
+        field_id = link = None
+        if "field" in item or "link" in item:
+            if item["function"] != "nvmlDeviceGetFieldValues" or "field" not in item or error is None:
+                raise ConfigError(f"{w}: 'field' (and 'link') go with function nvmlDeviceGetFieldValues and an error")
+            field_id = _count(item["field"], f"{w}.field")
+            link = _count(item["link"], f"{w}.link") if "link" in item else None
+        faults.append(Fault(item["function"], error, hang, start, end, field_id, link))
     return tuple(faults)
 
 
 def _gpu(data: Any, where: str, known_functions: frozenset[str], index: int) -> GPU:
     data = _keys(data, where, {"uuid", "pci_bus_id"}, {
-        "name", "serial", "pci_device_id", "pci_subsystem_id", "minor", "remapped_rows", "pending", "failure",
-        "histogram", "banks", "resets", "pcie", "lost_at", "errors", "xids", "recovery_actions"})
+        "model", "name", "serial", "pci_device_id", "pci_subsystem_id", "minor", "remapped_rows", "pending",
+        "failure", "histogram", "banks", "resets", "pcie", "lost_at", "errors", "xids", "recovery_actions",
+        "clock_events", "violations", "nvlink"})
+    model = MODELS.get(str(data.get("model", "h100-sxm")))
+    if model is None:
+        raise ConfigError(f"{where}.model: want one of {', '.join(MODELS)}, got {data['model']!r}")
     uuid = str(data["uuid"])
     if not _UUID.fullmatch(uuid):
         raise ConfigError(f"{where}.uuid: want GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (lower-case hex), got {uuid!r}")
@@ -238,7 +361,7 @@ def _gpu(data: Any, where: str, known_functions: frozenset[str], index: int) -> 
     if not _NVML_BUS_ID.fullmatch(bus_id):
         raise ConfigError(f"{where}.pci_bus_id: want NVML's form 00000000:18:00.0, got {bus_id!r}")
     rows = _keys(data.get("remapped_rows", {}), f"{where}.remapped_rows", set(), {"correctable", "uncorrectable"})
-    pcie = _keys(data.get("pcie", {}), f"{where}.pcie", set(), {"generation", "width"})
+    pcie = _keys(data.get("pcie", {}), f"{where}.pcie", set(), {"generation", "width", "replays"})
     gen = _keys(pcie.get("generation", {}), f"{where}.pcie.generation", set(), {"current", "max"})
     width = _keys(pcie.get("width", {}), f"{where}.pcie.width", set(), {"current", "max"})
 
@@ -261,11 +384,14 @@ def _gpu(data: Any, where: str, known_functions: frozenset[str], index: int) -> 
     histogram = tl(data["histogram"], "histogram", _histogram) if "histogram" in data else None
     if histogram is not None and any(sum(h) != sum(histogram.values[0]) for h in histogram.values):
         raise ConfigError(f"{where}.histogram: every point must count the same number of banks")
+    clocks = _keys(data.get("clock_events", {}), f"{where}.clock_events", set(), {"active", "supported", "seconds"})
+    event_seconds = _keys(clocks.get("seconds", {}), f"{where}.clock_events.seconds", set(), set(EVENT_TIMES))
+    violations = _keys(data.get("violations", {}), f"{where}.violations", set(), set(POLICIES))
     return GPU(
         uuid=uuid, pci_bus_id=bus_id,
-        name=str(data.get("name", "NVIDIA H100 80GB HBM3")), serial=str(data.get("serial", "")),
-        pci_device_id=_count(data.get("pci_device_id", 0x233010DE), f"{where}.pci_device_id"),
-        pci_subsystem_id=_count(data.get("pci_subsystem_id", 0x16C110DE), f"{where}.pci_subsystem_id"),
+        name=str(data.get("name", model["name"])), serial=str(data.get("serial", "")),
+        pci_device_id=_count(data.get("pci_device_id", model["pci_device_id"]), f"{where}.pci_device_id"),
+        pci_subsystem_id=_count(data.get("pci_subsystem_id", model["pci_subsystem_id"]), f"{where}.pci_subsystem_id"),
         minor=_count(data.get("minor", index), f"{where}.minor"),
         correctable=tl(rows.get("correctable", 0), "remapped_rows.correctable"),
         uncorrectable=tl(rows.get("uncorrectable", 0), "remapped_rows.uncorrectable"),
@@ -280,7 +406,43 @@ def _gpu(data: Any, where: str, known_functions: frozenset[str], index: int) -> 
         faults=_faults(data.get("errors", []), f"{where}.errors", known_functions),
         xids=tuple(sorted(xids, key=lambda x: x.at)),
         recovery_actions=tuple(sorted(actions, key=lambda x: x.at)),
+        clock_supported=_reasons(clocks.get("supported", ALL_REASONS), f"{where}.clock_events.supported"),
+        clock_active=_reasons_timeline(clocks.get("active", 0), f"{where}.clock_events.active"),
+        violations={p: _counter(v, f"{where}.violations.{p}", _amount) for p, v in violations.items()},
+        event_seconds={r: _counter(v, f"{where}.clock_events.seconds.{r}", _amount) for r, v in event_seconds.items()},
+        pcie_replays=_counter(pcie.get("replays", 0), f"{where}.pcie.replays", _count),
+        **_nvlink(data.get("nvlink", {}), f"{where}.nvlink", model),
     )
+
+
+def _reasons_timeline(data: Any, where: str) -> Timeline:
+    """A list of names is a constant here; steps are [[time, reasons], ...] (reasons a list or a bitmask)."""
+    if isinstance(data, list) and all(isinstance(v, str) for v in data):
+        return Timeline.constant(_reasons(data, where))
+    return _timeline(data, where, _reasons)
+
+
+def _nvlink(data: Any, where: str, model: dict[str, Any]) -> dict[str, Any]:
+    data = _keys(data, where, set(), {"links", "counters", "state", "errors"})
+    links = _count(data.get("links", model["nvlink_links"]), f"{where}.links")
+    counters = data.get("counters", model["nvlink_counters"])
+    if counters not in NVLINK_COUNTERS:
+        raise ConfigError(f"{where}.counters: want one of {', '.join(NVLINK_COUNTERS)}, got {counters!r}")
+
+    def link(key: Any, w: str) -> int:
+        if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key < links:
+            raise ConfigError(f"{w}: want a link number 0..{links - 1}, got {key!r}")
+        return key
+
+    state, errors = (_mapping(data.get(k, {}), f"{where}.{k}") for k in ("state", "errors"))
+    by_link = {}
+    for key, counts in errors.items():
+        w = f"{where}.errors.{key}"
+        for name, value in _keys(counts, w, set(), set(NVLINK_COUNTERS[counters])).items():
+            by_link[(link(key, w), name)] = _counter(value, f"{w}.{name}", _count)
+    return {"nvlink_links": links, "nvlink_counters": counters, "nvlink_errors": by_link,
+            "nvlink_state": {link(k, f"{where}.state.{k}"): _timeline(v, f"{where}.state.{k}", _link_state)
+                             for k, v in state.items()}}
 
 
 def build(data: Any, known_functions: frozenset[str]) -> Scenario:
