@@ -358,6 +358,9 @@ RDMA_COUNTERS = ("ecn_marked_packets", "cnp_sent", "cnp_handled", "cnp_ignored",
 XID_ACTIONS = (("79", "RESTART_BM"), ("94", "RESTART_APP"), ("48", "WORKFLOW_XID_48"), ("13", "RESTART_APP"),
                ("31", "RESTART_APP"), ("119", "RESET_GPU"), ("45", "WORKFLOW_XID_45"), ("145", "WORKFLOW_NVLINK5_ERR"),
                ("95", "CONTACT_SUPPORT"), ("43", "IGNORE"))
+CLOCK_REASONS = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost",
+                 "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "display_clock_setting")
+VIOLATION_POLICIES = ("power", "thermal", "sync_boost", "board_limit", "low_utilization", "reliability")
 # Share of nodes (or of GPUs) in each deviating role; at least one each.
 ROLES = {"node_down": 0.001, "exporter_down": 0.002, "gpu_lost": 0.003, "pcie_width": 0.005, "pcie_gen": 0.005,
          "xid_history": 0.04, "xid_live": 0.01, "recovery_action": 0.003, "kmsg_lost": 0.002,
@@ -510,9 +513,9 @@ class Fleet:
                   0.5 if "procs_running" in precursor else 4, integer=True)
         self.counter("node_vmstat_pgpgout", lab, 9e8 * jitter,
                      3000 * jitter * (25 if "pgpgout" in precursor else 1))
+        self.counter("node_pressure_cpu_waiting_seconds_total", lab, 5e4, 0.03 * jitter, integer=False)
         # A job's healthy nodes move their traffic within ~1 % of each other, steadily (the
-        # fail-slow proxies network and rdma); the wider jitter and wobble of the other counters
-        # put a tenth of them 4 % below their peers, raising GpuNodeFailSlow on 13 % of the nodes.
+        # straggler proxies network and rdma, which make a job's level).
         slow_net = (0.75 if "failslow" in roles else 1.0) * rng.uniform(0.99, 1.01) / jitter
         for dev in NET_DEVICES:
             dl = f'{{{base},device="{dev}"}}'
@@ -530,6 +533,11 @@ class Fleet:
             rate = (5e9 if i < 8 else 1e8) * jitter * slow_net
             self.counter("node_infiniband_port_data_received_bytes_total", dl, 4e14, rate, wobble=0.02)
             self.counter("node_infiniband_port_data_transmitted_bytes_total", dl, 4e14, rate, wobble=0.02)
+            if i < 8:  # the compute fabric's ports: transmit wait, and the odd symbol error
+                self.counter("node_infiniband_port_transmit_wait_total", dl, 1e12, 2e6 * jitter, wobble=0.1)
+                self.const("node_infiniband_symbol_error_total", "counter", dl, rng.choice((0, 0, 0, 1, 3)))
+                self.const("node_infiniband_link_error_recovery_total", "counter", dl, 0)
+                self.const("node_infiniband_rate_bytes_per_second", "gauge", dl, 5e10)
 
         # dcgm-exporter
         base = f'instance="{host}",job="dcgm"'
@@ -604,6 +612,23 @@ class Fleet:
             self.const("gpunode_gpu_pcie_link_width", "gauge", f'{{{ids},kind="current"}}',
                        8 if g == width_gpu else 16)
             self.const("gpunode_gpu_pcie_link_width", "gauge", f'{{{ids},kind="max"}}', 16)
+            # What names a straggler's cause: a failslow node's GPU 0 is thermally throttled.
+            throttled = "failslow" in roles and g == 0
+            for reason in CLOCK_REASONS:
+                active = (reason == "sw_thermal_slowdown" and throttled) or (reason == "sw_power_cap" and g % 3 == 0)
+                self.const("gpunode_gpu_clock_event_active", "gauge", f'{{{ids},reason="{reason}"}}', int(active))
+            for policy in VIOLATION_POLICIES:
+                rate = {"power": 0.3 * jitter, "thermal": 1.0 if throttled else 0.0}.get(policy, 0.0)
+                self.counter("gpunode_gpu_clock_violation_seconds_total", f'{{{ids},policy="{policy}"}}', 1e4, rate,
+                             integer=False)
+            for reason in ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"):
+                self.counter("gpunode_gpu_clock_event_seconds_total", f'{{{ids},reason="{reason}"}}', 1e3,
+                             1.0 if throttled and reason == "sw_thermal_slowdown" else 0.0, integer=False)
+            for kind in ("replay", "recovery", "crc_flit"):
+                self.const("gpunode_gpu_nvlink_errors_total", "counter", f'{{{ids},link="all",type="{kind}"}}',
+                           rng.choice((0, 0, 2)) if kind == "crc_flit" else 0)
+            self.const("gpunode_gpu_nvlink_links_up", "gauge", "{" + ids + "}", 18)
+            self.const("gpunode_gpu_pcie_replays_total", "counter", "{" + ids + "}", 0)
             action = rng.choice((1, 2)) if "recovery_action" in roles and g == 0 else 0
             self.const("gpunode_gpu_recovery_action", "gauge",
                        f'{{{ids},pci_bus_id="0000:{GPU_BUS[g % 8].lower()}:00.0"}}', action)
@@ -1212,7 +1237,7 @@ def write_backfill(path: Path, series: dict[str, list[tuple[dict[str, str], floa
 
 
 # From the first values to the ratios to the peers: a chain of peer rules, on vmalert a step per
-# evaluation (value, in_peer_group, median, ratio, relative: five at 30 s) and a margin.
+# evaluation (value, in_peer_group, median, count, ratio: five at 30 s) and a margin.
 RULES_SETTLE_SECONDS = 180.0
 # A recording rule that reads further back than this reads the backfilled history, not the
 # rules' first minutes (a baseline over 3 hours of medians).

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from fleet import harness, scenario, score
-from fleet.simulate import Fleet, node_name
+from fleet.simulate import Fleet, Truth, node_name
 
 PORTS = {"prometheus": 19390, "victoriametrics": 18528}
 
@@ -19,7 +19,8 @@ def _cell(value: float, unit: str = "") -> str:
     return "n/a" if math.isnan(value) else f"{value:.2f}{unit}" if not unit else f"{value / 60:+.1f} min"
 
 
-def report(name: str, results: dict[str, tuple[harness.Run, score.Score]], nodes: int, days: float) -> str:
+def report(name: str, results: dict[str, tuple[harness.Run, score.Score]], nodes: int, days: float,
+           truth: list[Truth]) -> str:
     lines = [f"### {name}: {nodes} nodes x {days:g} days", "",
              "| backend | fault class | faults | detected | recall | precision | lead median | lead p90 |",
              "|---|---|---|---|---|---|---|---|"]
@@ -39,6 +40,16 @@ def report(name: str, results: dict[str, tuple[harness.Run, score.Score]], nodes
     falses = sorted({(backend, f.alertname) for backend, (_r, s) in results.items() for f in s.false_alerts})
     if falses:
         lines += ["", "False alerts by name: " + ", ".join(f"{b}: {a}" for b, a in falses)]
+    stragglers = [t for t in truth if t.detail]
+    if stragglers:
+        backends = list(results)
+        lines += ["", "Stragglers and slowed jobs, one by one: minutes from the onset to the first detecting alert "
+                  "(- where none came)", "", "| fault | node | " + " | ".join(backends) + " |",
+                  "|---|---|" + "---|" * len(backends)]
+        for t in sorted(stragglers, key=lambda t: t.onset):
+            leads = [score.first_detection(results[b][0].firing, t) for b in backends]
+            cells = " | ".join("-" if lead is None else f"{lead / 60:+.1f}" for lead in leads)
+            lines.append(f"| {t.kind} ({t.detail}) | {t.node or ', '.join(t.workloads)} | {cells} |")
     return "\n".join(lines) + "\n"
 
 
@@ -71,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{sc.name} {backend}: recall {s.recall:.2f} precision {s.precision:.2f} "
                   f"false/1000 node-days {s.false_per_1000_node_days:.2f} in {time.monotonic() - began:.0f} s",
                   flush=True)
-        sections.append(report(sc.name, results, sc.nodes, sc.duration / 86400))
-    text = "".join(sections)
+        sections.append(report(sc.name, results, sc.nodes, sc.duration / 86400, fleet.truth()))
+    text = "\n".join(sections)
     print(text)
     if args.out:
         args.out.write_text("# Detection quality: the rule pack on simulated fleets\n\n"

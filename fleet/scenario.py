@@ -8,13 +8,19 @@ from typing import Any
 
 from exporter.config import ConfigError, load_yaml
 from exporter.nvmlsim.scenario import seconds
-from fleet.jobs import Job, parse_job, sessions_as_jobs
+from fleet.jobs import Job, parse_job, parse_nodes, sessions_as_jobs
 
 SHIPPED = Path(__file__).parent / "scenarios"
 # Fault kinds and what they model (docs/fleet.md).
 FAULTS = ("xid79_collapse", "getattr_spike", "uncorrectable_steps", "correctable_acceleration",
-          "failslow", "pcie_downgrade", "nfs_saturation")
-DISTRACTORS = ("short_spike", "drain", "leave", "join", "known_slow")
+          "throttle", "nvlink_degraded", "fabric_link", "pcie_downgrade", "host_starved", "nfs_saturation",
+          "job_slowdown")
+# Older names: a fail-slow node was a throttled GPU (its clock and power below its peers').
+ALIASES = {"failslow": "throttle"}
+DISTRACTORS = ("short_spike", "drain", "leave", "join", "known_slow", "gc_pauses", "pipeline_stage", "warm_room",
+               "power_cap_busy")
+# Each cause's choices (docs/fleet.md).
+CHOICES = {"reason": ("thermal", "power_cap", "power_brake"), "fabric": ("infiniband", "roce")}
 # Persistent per-GPU differences, as a fraction of the level (the standard deviation of a GPU's offset).
 SPREAD_KEYS = ("power", "sm_clock")
 
@@ -29,6 +35,11 @@ class Event:
 
     def param(self, name: str, default: Any) -> Any:
         return dict(self.params).get(name, default)
+
+    def covers(self, node: int) -> bool:
+        """Whether the event acts on this node: its own, or one of its `nodes`."""
+        listed = self.param("nodes", None)
+        return node == self.node if listed is None else node in parse_nodes(listed, self.kind, 1 << 20)
 
     def duration(self, name: str, default: float) -> float:
         return seconds(self.param(name, default), f"{self.kind}.{name}")
@@ -45,6 +56,7 @@ class Scenario:
     faults: tuple[Event, ...]
     distractors: tuple[Event, ...]
     gpu_spread: tuple[tuple[str, float], ...] = ()  # SPREAD_KEYS -> standard deviation of a GPU's offset
+    daily_drift: float = 0.01  # every GPU's clock moves by this share over the day, lowest in the afternoon
 
 
 def _events(data: Any, where: str, kinds: tuple[str, ...], nodes: int) -> tuple[Event, ...]:
@@ -54,19 +66,25 @@ def _events(data: Any, where: str, kinds: tuple[str, ...], nodes: int) -> tuple[
     for n, item in enumerate(data):
         if not isinstance(item, dict) or not {"kind", "node", "at"} <= set(item):
             raise ConfigError(f"{where}[{n}]: want a mapping with kind, node and at")
-        if item["kind"] not in kinds:
+        kind = ALIASES.get(item["kind"], item["kind"])
+        if kind not in kinds:
             raise ConfigError(f"{where}[{n}].kind: want one of {', '.join(kinds)}, got {item['kind']!r}")
+        if "nodes" in item:  # distractors of several nodes: a warm room, a pipeline's last stage
+            parse_nodes(item["nodes"], f"{where}[{n}].nodes", nodes)
+        for key, allowed in CHOICES.items():
+            if key in item and item[key] not in allowed:
+                raise ConfigError(f"{where}[{n}].{key}: want one of {', '.join(allowed)}, got {item[key]!r}")
         if not 0 <= int(item["node"]) < nodes:
             raise ConfigError(f"{where}[{n}].node: want 0 to {nodes - 1}")
         params = tuple(sorted((k, v) for k, v in item.items() if k not in ("kind", "node", "at", "gpu")))
-        events.append(Event(item["kind"], int(item["node"]), seconds(item["at"], f"{where}[{n}].at"),
+        events.append(Event(kind, int(item["node"]), seconds(item["at"], f"{where}[{n}].at"),
                             int(item.get("gpu", 0)), params))
     return tuple(events)
 
 
 def _build(name: str, data: Any) -> Scenario:
     known = {"description", "nodes", "duration", "step", "seed", "checkpoint_every", "sessions", "jobs", "faults",
-             "distractors", "gpu_spread"}
+             "distractors", "gpu_spread", "daily_drift"}
     if not isinstance(data, dict):
         raise ConfigError("want a mapping")
     if unknown := set(data) - known:
@@ -89,7 +107,7 @@ def _build(name: str, data: Any) -> Scenario:
     return Scenario(name, nodes, duration, seconds(data.get("step", 30), "step"), int(data.get("seed", 1)),
                     jobs, _events(data.get("faults", []), "faults", FAULTS, nodes),
                     _events(data.get("distractors", []), "distractors", DISTRACTORS, nodes),
-                    tuple(sorted((k, float(v)) for k, v in spread.items())))
+                    tuple(sorted((k, float(v)) for k, v in spread.items())), float(data.get("daily_drift", 0.01)))
 
 
 def load(name_or_path: str) -> Scenario:

@@ -2,7 +2,9 @@
 
 An alert episode (an alert's labels firing over consecutive evaluations) detects a fault when
 it fires on the fault's node within the fault's window and its name is one of the class's
-detecting alerts. Lead time is the first detecting episode's start minus the fault's
+detecting alerts. An alert of a whole job (GpuJobSlowedDown: a workload, no node) matches a
+fault that slows that workload: it detects a job-wide slowdown, and is a consequence of a
+straggler. Lead time is the first detecting episode's start minus the fault's
 reference time (the Xid, the slowdown's onset, the GPU's loss): negative = before it.
 Episodes of severity info (advice, e.g. the checkpoint interval) are not counted as alerts.
 An episode matching no fault is false; false alerts are counted per 1,000 healthy node-days
@@ -23,15 +25,19 @@ DETECTS = {
     "getattr_spike": {"GpuNodePrecursorMultiSignal", "GpuXidApplicationFault", "GpuXidHardwareFault"},
     "uncorrectable_steps": {"GpuRowRemapUncorrectableIncrease", "GpuXidApplicationFault"},
     "correctable_acceleration": {"GpuRowRemapCorrectableAcceleration"},
-    "failslow": {"GpuNodeFailSlow", "GpuNodeSlowingDown"},
-    "pcie_downgrade": {"GpuPcieLinkDegraded", "GpuNodePrecursorMultiSignal", "GpuNodeFailSlow", "GpuNodeSlowingDown"},
+    "throttle": {"GpuNodeClockThrottled"},
+    "nvlink_degraded": {"GpuNvLinkDegraded"},
+    "fabric_link": {"GpuNodeFabricLinkErrors"},
+    "pcie_downgrade": {"GpuPcieLinkDegraded"},
+    "host_starved": {"GpuNodeHostStarved"},
     "nfs_saturation": {"NfsSlotTableSaturated", "NfsSlotWaitDominates", "NfsBandwidthParadox"},
+    "job_slowdown": {"GpuJobSlowedDown"},
 }
 # Alerts that a fault also sets off, which are right but not how we detect it (GpuDown after
 # the Xid 79, for instance): matched to the fault, not counted false.
 CONSEQUENCES = {"GpuDown", "GpuXidHardwareFault", "GpuXidApplicationFault", "GpuRowRemapPending",
                 "GpuXidRepeatedHardwareFaults", "GpuRecoveryActionRequired", "NfsSlotWaitDominates",
-                "NfsBandwidthParadox"}
+                "NfsBandwidthParadox", "GpuJobSlowedDown", "GpuNodePrecursorMultiSignal"}
 
 
 @dataclass(frozen=True)
@@ -74,16 +80,22 @@ class Score:
         return sum(c.detected for c in self.classes) / faults if faults else float("nan")
 
 
+def _on(alert: Firing, fault: Truth) -> bool:
+    """The alert is about the fault's node, or (an alert of a whole job) a workload the fault slows."""
+    if "instance" in alert.labels:
+        return alert.labels["instance"] == fault.node
+    return alert.labels.get("workload") in fault.workloads
+
+
 def score(firing: list[Firing], truth: list[Truth], nodes: list[str], span: float) -> Score:
     alerts = [f for f in firing if f.labels.get("severity") != "info"]
-    node_of = {id(f): f.labels.get("instance", "") for f in alerts}
     matched: set[int] = set()
     found = []
     for kind in sorted({t.kind for t in truth}):
         faults = [t for t in truth if t.kind == kind]
         detected, leads, true_alerts = 0, [], 0
         for fault in faults:
-            hits = [f for f in alerts if node_of[id(f)] == fault.node and f.end >= fault.start and f.start <= fault.end]
+            hits = [f for f in alerts if _on(f, fault) and f.end >= fault.start and f.start <= fault.end]
             detecting = [f for f in hits if f.alertname in DETECTS[kind]]
             for f in hits:
                 if f.alertname in DETECTS[kind] or f.alertname in CONSEQUENCES:
@@ -99,9 +111,16 @@ def score(firing: list[Firing], truth: list[Truth], nodes: list[str], span: floa
     # alerts and their consequences), the share that matched one of its faults.
     classes = [ClassScore(kind, faults, detected, true + sum(f.alertname in DETECTS[kind] for f in false), true, leads)
                for kind, faults, detected, true, leads in found]
-    fault_time = sum(t.end - t.start for t in truth)
+    fault_time = sum(t.end - t.start for t in truth if t.node)
     healthy = (len(nodes) * span - fault_time) / 86400
     return Score(tuple(classes), false, healthy, len(alerts))
+
+
+def first_detection(firing: list[Firing], fault: Truth) -> float | None:
+    """Seconds from the fault's onset to its first detecting alert, or None."""
+    starts = [f.start for f in firing if f.labels.get("severity") != "info" and f.alertname in DETECTS[fault.kind]
+              and _on(f, fault) and f.end >= fault.start and f.start <= fault.end]
+    return min(starts) - fault.onset if starts else None
 
 
 def lead_summary(leads: tuple[float, ...]) -> tuple[float, float]:

@@ -3,9 +3,11 @@
 A node runs what the scenario's jobs put on it (fleet/jobs.py) and idles between them: training
 (GPUs ~99 % busy, every node of a job saving a checkpoint at once on the job's cadence: one 30 s
 sample of GPU dip, page-out and NFS WRITE burst, RPC backlog; a checkpoint load at each attempt's
-start), a single-node session, inference on a daily curve, burn-in. Per-sample noise is a few
-percent; GPUs may differ persistently in power and clock (gpu_spread). Faults and distractors
-change a node's series from their onset (docs/fleet.md says how each is modelled).
+start), a single-node session, inference on a daily curve, burn-in. A training job is synchronous:
+it steps at its slowest node's pace (fleet/physics.py), so a straggler slows every node's traffic
+and the waiting nodes' power, and only its cause names it (fleet/causes.py). Per-sample noise is
+a few percent; GPUs may differ persistently in power and clock (gpu_spread); the room's heat moves
+every clock over the day (daily_drift). docs/fleet.md says how each fault and distractor is modelled.
 """
 
 from __future__ import annotations
@@ -13,20 +15,21 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from exporter.nvmlsim.scenario import seconds
-from fleet import jobs
+from fleet import causes, jobs, physics
+from fleet.causes import GPUS, IB_PORTS, IB_RATE
 from fleet.jobs import Attempt
 from fleet.scenario import Event, Scenario
 
-GPUS = 8
 SAVE_BYTES = 20.55e9  # per node and save (the Lablup B200 operations report)
 LOAD_BYTES = 5e8  # per second and node while an attempt loads its checkpoint
 WSIZE = 1 << 20
-NODE_JOBS = {"gpunode": "gpunode", "node": "node", "dcgm": "dcgm"}
 XID_ACTIONS = {79: "RESTART_BM", 145: "RESET_GPU", 94: "RESTART_APP"}
+SYNCHRONOUS = ("training", "single")  # jobs whose nodes meet in a collective every step
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,12 @@ class Series:
 @dataclass(frozen=True)
 class Truth:
     kind: str
-    node: str
+    node: str  # "" for a fault of a whole job (job_slowdown)
     onset: float  # unix seconds: the fault's reference time (the Xid, the slowdown, the GPU's loss)
     start: float  # alerts on the node from here to end count as detecting it
     end: float
+    workloads: tuple[str, ...] = ()  # the workloads (as the rule pack labels them) this fault slows
+    detail: str = ""  # for the report: the cause's variant, how much it slows the job, the job's size
 
 
 def node_name(n: int) -> str:
@@ -53,6 +58,19 @@ def pod_uid(attempt: Attempt, node: int) -> str:
     return f"{zlib.crc32(f'{attempt.job.name}/{attempt.number}'.encode()):08x}-0000-4000-8000-{node:012x}"
 
 
+def owner_kind(attempt: Attempt) -> str:
+    return "ReplicaSet" if attempt.job.kind == "inference" else "PyTorchJob"
+
+
+def workload_label(attempt: Attempt) -> str:
+    """The attempt's workload as the rule pack's peer rules label it (Kubernetes: its pods' owner)."""
+    if attempt.job.source == "kubernetes":
+        return f"ml/{owner_kind(attempt)}/{attempt.job.name}"
+    if attempt.job.source == "systemd":
+        return f"{attempt.job.name}.service"
+    return attempt.workload
+
+
 class Fleet:
     def __init__(self, scenario: Scenario, start: float) -> None:
         self.s, self.start = scenario, start
@@ -60,6 +78,9 @@ class Fleet:
         self.rng = np.random.default_rng(scenario.seed)
         self.attempts = jobs.expand(scenario.jobs, [(f.kind, f.node, f.at, dict(f.params)) for f in scenario.faults],
                                     scenario.seed)
+        # The room warms in the afternoon and every GPU clocks a little lower (heat moves a job's throughput
+        # 1-2 % over the day: the Llama 3 report, 3.3.4).
+        self.drift = 1 - scenario.daily_drift * np.cos(2 * np.pi * (self.t + start - 15 * 3600) / 86400)
 
     @property
     def timestamps(self) -> np.ndarray:
@@ -74,6 +95,21 @@ class Fleet:
     def _counter(self, rate: np.ndarray, start: float = 1e6) -> np.ndarray:
         return start + np.cumsum(np.maximum(rate, 0) * self.s.step)
 
+    def attempt_at(self, node: int, at: float) -> Attempt | None:
+        """The attempt running on the node at `at`, or else the next one to start there."""
+        ahead = [a for a in self.attempts if node in a.nodes and a.end > at]
+        return min(ahead, key=lambda a: a.start) if ahead else None
+
+    def _job_events(self, kind: str) -> list[tuple[Event, list[Attempt]]]:
+        """Events of a whole job (named by one of its nodes): each with the attempts of that job in its window."""
+        out = []
+        for e in [*self.s.faults, *self.s.distractors]:
+            if e.kind != kind or (first := self.attempt_at(e.node, e.at)) is None:
+                continue
+            end = e.at + e.duration("lasts", self.s.duration)
+            out.append((e, [a for a in self.attempts if a.job is first.job and a.start < end and a.end > e.at]))
+        return out
+
     def truth(self) -> list[Truth]:
         out = []
         for f in self.s.faults:
@@ -83,10 +119,24 @@ class Fleet:
                 start, end = f.at, onset + 3600
             elif f.kind == "uncorrectable_steps":
                 end = f.at + 3600 + max(seconds(x, "steps") for x in f.param("steps", [0, 7200, 18000]))
-            elif f.kind in ("failslow", "pcie_downgrade"):
+            elif f.kind in (*causes.CULPRIT_CAUSES, "job_slowdown"):
                 start, end = f.at, f.at + f.duration("lasts", self.s.duration)
-            out.append(Truth(f.kind, node_name(f.node), self.start + onset, self.start + start, self.start + end))
+            slowed = tuple(sorted({workload_label(a) for a in self.attempts if a.job.kind in SYNCHRONOUS
+                                   and f.node in a.nodes and a.start < end and a.end > start}))
+            if f.kind not in (*causes.CULPRIT_CAUSES, "job_slowdown"):
+                slowed = ()
+            out.append(Truth(f.kind, "" if f.kind == "job_slowdown" else node_name(f.node), self.start + onset,
+                             self.start + start, self.start + end, slowed, self._detail(f)))
         return out
+
+    def _detail(self, f: Event) -> str:
+        if f.kind not in (*causes.CULPRIT_CAUSES, "job_slowdown"):
+            return ""
+        variant = f.param("reason", "thermal") if f.kind == "throttle" else f.param("fabric", "infiniband") \
+            if f.kind == "fabric_link" else "link down" if f.param("link_down", False) else ""
+        job = self.attempt_at(f.node, f.at)
+        size = f"{len(job.nodes)}-node job" if job is not None and job.start <= f.at else "idle"
+        return " ".join(x for x in (variant, f"{float(f.param('slowdown', 0.05)):.0%},", size) if x)
 
     def series(self, nodes: range | None = None) -> Iterator[Series]:
         nodes = nodes if nodes is not None else range(self.s.nodes)
@@ -94,6 +144,23 @@ class Fleet:
             yield from self._cluster()
         for n in nodes:
             yield from self._node(n)
+
+    # --- who does what, when
+
+    def _presence(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scraped, drained) per sample."""
+        t = self.t
+        present, drained = np.ones(t.size, bool), np.zeros(t.size, bool)
+        for d in self.s.distractors:
+            if d.node != n:
+                continue
+            if d.kind == "leave":
+                present &= t < d.at
+            if d.kind == "join":
+                present &= t >= d.at
+            if d.kind == "drain":
+                drained |= self._between(d.at, d.at + d.duration("lasts", 4 * 3600))
+        return present, drained
 
     def _schedule(self, n: int, drained: np.ndarray) -> dict[str, np.ndarray]:
         """Per sample, what the node does: masks by job kind and phase, and the inference load (0-1)."""
@@ -106,7 +173,7 @@ class Fleet:
             during = self._between(a.start, a.end) & ~drained
             m[a.job.kind] |= during
             m["load"] |= during & (t < a.start + a.job.load)
-            if a.job.kind in ("training", "single"):
+            if a.job.kind in SYNCHRONOUS:
                 since = t - a.checkpoint_origin
                 m["save"] |= during & (since >= a.job.first_save) & ((since % a.job.checkpoint_every) < step)
             if a.job.kind == "inference":  # a daily curve, 24-90 % busy, its peak in the afternoon
@@ -115,39 +182,80 @@ class Fleet:
         m["save"] &= ~m["load"]
         return m
 
+    def _job_context(self, n: int, drained: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(extra work of the node's pipeline stage, its garbage-collection pauses) per sample."""
+        rng = np.random.default_rng((self.s.seed, n, 3))
+        extra, gc = np.zeros(self.t.size), np.zeros(self.t.size)
+        for d, attempts in self._job_events("pipeline_stage"):
+            if d.covers(n):
+                for a in attempts:
+                    extra[self._between(max(a.start, d.at), a.end)] = float(d.param("extra", 0.06))
+        for d, attempts in self._job_events("gc_pauses"):
+            for a in attempts:
+                if n not in a.nodes:
+                    continue
+                # Pauses move between ranks: about one node of the job pauses in each sample.
+                during = self._between(max(a.start, d.at), min(a.end, d.at + d.duration("lasts", self.s.duration)))
+                pausing = during & (rng.random(self.t.size) < 1 / len(a.nodes)) & ~drained
+                size = float(d.param("pause", 0.04)) * rng.uniform(0.5, 1.5, self.t.size)
+                gc = np.where(pausing, size, gc)
+        return extra, gc
+
+    def _own(self, n: int) -> tuple[causes.Own, dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        present, drained = self._presence(n)
+        m = self._schedule(n, drained)
+        extra, gc = self._job_context(n, drained)
+        active = m["training"] | m["single"] | m["burnin"] | m["inference"]
+        own = causes.build(self.t, self.s.step, np.random.default_rng((self.s.seed, n, 2)),
+                           [f for f in self.s.faults if f.node == n], [d for d in self.s.distractors if d.covers(n)],
+                           active, self.drift, extra, gc)
+        return own, m, present, drained
+
+    @cached_property
+    def _pace(self) -> tuple[np.ndarray, np.ndarray]:
+        """(step time, input stall) of the job each node runs, per node and sample: 1 and 0 where none."""
+        nodes, size = self.s.nodes, self.t.size
+        time, delay, drained = np.zeros((nodes, size)), np.zeros((nodes, size)), np.zeros((nodes, size), bool)
+        for n in range(nodes):
+            own, _m, _present, drained[n] = self._own(n)
+            time[n], delay[n] = own.step.time, own.delay
+        step, stall = np.ones((nodes, size)), np.zeros((nodes, size))
+        stalls = {id(a): np.zeros(size) for a in self.attempts}
+        for e, attempts in self._job_events("job_slowdown"):  # input or storage too slow for every node alike
+            window = self._between(e.at, e.at + e.duration("lasts", self.s.duration))
+            for a in attempts:
+                stalls[id(a)][window] = physics.delay_for(float(e.param("slowdown", 0.05)))
+        for a in self.attempts:
+            if a.job.kind not in SYNCHRONOUS:
+                continue
+            during = self._between(a.start, a.end)
+            members = list(a.nodes)
+            own_times = np.where(drained[members], 0.0, time[members])  # a drained node left the job
+            job = own_times.max(axis=0) + delay[members].max(axis=0) + stalls[id(a)]
+            for n in members:
+                step[n, during], stall[n, during] = job[during], stalls[id(a)][during]
+        return step, stall
+
+    # --- the series
+
     def _node(self, n: int) -> Iterator[Series]:
         self.rng = np.random.default_rng((self.s.seed, n))  # the same series however the fleet is chunked
         extra = np.random.default_rng((self.s.seed, n, 1))  # draws the older scenarios did not make
         s, t = self.s, self.t
         faults = [f for f in s.faults if f.node == n]
-        distractors = [d for d in s.distractors if d.node == n]
-        present = np.ones(t.size, bool)
-        for d in distractors:
-            if d.kind == "leave":
-                present &= t < d.at
-            if d.kind == "join":
-                present &= t >= d.at
-        drained = np.zeros(t.size, bool)
-        for d in distractors:
-            if d.kind == "drain":
-                drained |= self._between(d.at, d.at + d.duration("lasts", 4 * 3600))
-        m = self._schedule(n, drained)
+        own, m, present, drained = self._own(n)
+        job_step, stall = self._pace[0][n], self._pace[1][n]
         training = m["training"] | m["single"]  # a training job's processes run (loading, stepping or saving)
         save, load = m["save"], m["load"]
         busy = training & ~save & ~load
         demand = m["demand"] * (1 + 0.02 * extra.standard_normal(t.size))  # the load balancer's unevenness
         active = training | m["inference"] | m["burnin"]
-        slow = np.ones(t.size)
+        rate = np.where(training, 1 / job_step, 1.0)  # the job's steps per nominal step: its traffic
+        shares = physics.shares(own.step, job_step, stall)
         spike = np.ones(t.size)
-        for f in faults:
-            if f.kind in ("failslow", "pcie_downgrade"):
-                window = self._between(f.at, f.at + f.duration("lasts", s.duration))
-                slow[window] *= 1 - float(f.param("slowdown", 0.1))
-        for d in distractors:
-            if d.kind == "short_spike":
+        for d in s.distractors:
+            if d.node == n and d.kind == "short_spike":
                 spike[self._between(d.at, d.at + d.duration("lasts", 120))] = float(d.param("factor", 3))
-            if d.kind == "known_slow":  # slow for good, and known to be: isolated in sessions of its own
-                slow[t >= d.at] *= 1 - float(d.param("slowdown", 0.04))
 
         node = node_name(n)
         base = {"instance": node}
@@ -157,38 +265,41 @@ class Fleet:
             return Series(name, tuple(sorted({**base, "job": job, **labels}.items())), values)
 
         # --- dcgm-exporter, per GPU
-        util = np.where(busy, 99.0, np.where(save, 40.0, np.where(load, 3.0, 0.0)))
+        util = np.where(busy, 99.0 * shares.utilization, np.where(save, 40.0, np.where(load, 3.0, 0.0)))
         util = np.where(m["inference"], 100 * demand, np.where(m["burnin"], 100.0, util))
-        gpu_util = util[None, :] * np.ones((GPUS, 1))
         # Level of power, SM clock and NVLink as a fraction of a training step's.
-        idle = np.where(save, 0.5, 0.1)
-        levels = {"DCGM_FI_DEV_POWER_USAGE": np.where(m["inference"], 0.3 + 0.7 * demand, idle),
-                  "DCGM_FI_DEV_SM_CLOCK": np.where(m["inference"], 1.0, idle),
-                  "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": np.where(m["inference"], 0.05 + 0.2 * demand, idle)}
-        for name, level in levels.items():
-            levels[name] = np.where(busy | m["burnin"], slow, np.where(m["inference"], level * slow, level))
+        idle_level = np.where(save, 0.5, 0.1)
+        power = np.where(busy, shares.power(own.busy_power), idle_level)
+        power = np.where(m["inference"], (0.3 + 0.7 * demand) * own.busy_power, power)
+        power = np.where(m["burnin"], own.busy_power, power)
+        clock = np.where(active & ~save & ~load, own.clock, idle_level)
+        nvlink = np.where(busy, rate, np.where(m["inference"], 0.05 + 0.2 * demand, idle_level))
+        nvlink = np.where(m["burnin"], 0.1, nvlink) * np.ones((GPUS, 1))
         spread = dict(s.gpu_spread)
-        offsets = {name: 1 + np.clip(extra.normal(0, spread.get(key, 0.0), GPUS), -0.06, 0.06)
-                   for name, key in (("DCGM_FI_DEV_POWER_USAGE", "power"), ("DCGM_FI_DEV_SM_CLOCK", "sm_clock"))}
+        offsets = {key: 1 + np.clip(extra.normal(0, spread.get(key, 0.0), GPUS), -0.06, 0.06)
+                   for key in ("power", "sm_clock")}
+        temperature = np.where(active, 38 + 30 * power, 32) + own.temperature
         lost = np.zeros((GPUS, t.size), bool)
         for f in faults:
             if f.kind == "xid79_collapse":
                 lead = f.duration("lead", 600)
-                gpu_util[f.gpu, t >= f.at - lead] = 0.0
+                util[f.gpu, t >= f.at - lead] = 0.0
                 lost[f.gpu, t >= f.at] = True
             if f.kind == "correctable_acceleration":
                 lost[f.gpu, t >= f.at + f.duration("loss_after", 9 * 86400)] = True
-        gpu_util[lost] = 0.0
+        util[lost] = 0.0
         for g in range(GPUS):
             labels = {"gpu": str(g), "UUID": f"GPU-{n:08x}-0000-0000-0000-{g:012x}"}
             up = ~lost[g]
-            yield emit("DCGM_FI_DEV_GPU_UTIL", "dcgm", np.where(up, np.clip(gpu_util[g] * self._noise(0.003), 0, 100),
+            yield emit("DCGM_FI_DEV_GPU_UTIL", "dcgm", np.where(up, np.clip(util[g] * self._noise(0.003), 0, 100),
                                                                 np.nan).round(), **labels)
-            for name, scale, noise in (("DCGM_FI_DEV_POWER_USAGE", 690.0, 0.01),
-                                       ("DCGM_FI_DEV_SM_CLOCK", 1980.0, 0.002),
-                                       ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", 2.0e8, 0.02)):
-                level = scale * levels[name] * (offsets[name][g] if name in offsets else 1.0)
-                yield emit(name, "dcgm", np.where(up, level * self._noise(noise), np.nan), **labels)
+            for name, scale, level, noise in (
+                    ("DCGM_FI_DEV_POWER_USAGE", 690.0 * offsets["power"][g], power[g], 0.01),
+                    ("DCGM_FI_DEV_SM_CLOCK", 1980.0 * offsets["sm_clock"][g], clock[g], 0.002),
+                    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", 2.0e8, nvlink[g], 0.02)):
+                yield emit(name, "dcgm", np.where(up, scale * level * self._noise(noise), np.nan), **labels)
+            yield emit("DCGM_FI_DEV_GPU_TEMP", "dcgm", np.where(up, temperature[g] + extra.normal(0, 0.7, t.size),
+                                                                np.nan).round(), **labels)
 
         # --- node_exporter
         intr = np.where(active, np.where(m["inference"], 3000.0 + 7000.0 * demand, 10000.0), 2000.0)
@@ -208,16 +319,27 @@ class Fleet:
         yield emit("node_out_of_service", "node", drained * 1.0)  # the drain hook's textfile metric
         yield emit("node_procs_running", "node", np.maximum(0, procs + self.rng.normal(0, 3, t.size)).round())
         yield emit("node_vmstat_pgpgout", "node", self._counter(pgpgout))
-        # A multi-node job's traffic between its nodes; a single node, inference and burn-in move little.
-        nic = np.where(busy, np.where(m["single"], 5e7, 1.2e9 * slow),
+        cpu_waiting = own.cpu_waiting + np.where(save, 0.12, 0.0)  # a save's copy keeps the CPUs busy
+        yield emit("node_pressure_cpu_waiting_seconds_total", "node", self._counter(cpu_waiting, 5e4))
+        # A multi-node job's traffic between its nodes, at its pace; a single node, inference and burn-in move little.
+        nic = np.where(busy, np.where(m["single"], 5e7, 1.2e9 * rate),
                        np.where(save, np.where(m["single"], 5e7, 1.2e9) + save_bytes / s.step, 1e6))
         nic = np.where(load, 1e6 + LOAD_BYTES, np.where(m["inference"], 1e6 + 2e8 * demand, nic)) * self._noise(0.02)
         for direction in ("receive", "transmit"):
             yield emit(f"node_network_{direction}_bytes_total", "node", self._counter(nic / 2), device="eth0")
-        rdma = np.where(busy & m["training"], 2.0e10 * slow, 1e6) * self._noise(0.02)
-        for direction in ("received", "transmitted"):
-            yield emit(f"node_infiniband_port_data_{direction}_bytes_total", "node", self._counter(rdma / 2),
-                       device="mlx5_0", port="1")
+        rdma = np.where(busy & m["training"], 2.0e10 * rate, 1e6) * self._noise(0.02)
+        for p in range(IB_PORTS):
+            port = {"device": f"mlx5_{p}", "port": "1"}
+            for direction in ("received", "transmitted"):
+                yield emit(f"node_infiniband_port_data_{direction}_bytes_total", "node",
+                           self._counter(rdma / 2 / IB_PORTS), **port)
+            waits = own.ib["port_transmit_wait"][p] * np.where(busy & m["training"], rate, 0.05)
+            yield emit("node_infiniband_port_transmit_wait_total", "node", self._counter(waits), **port)
+            yield emit("node_infiniband_symbol_error_total", "node", self._counter(own.ib["symbol_error"][p], 0),
+                       **port)
+            yield emit("node_infiniband_link_error_recovery_total", "node",
+                       self._counter(own.ib["link_error_recovery"][p], 0), **port)
+            yield emit("node_infiniband_rate_bytes_per_second", "node", np.full(t.size, IB_RATE), **port)
 
         # --- gpunode-exporter
         # The workload: each attempt of a job has its id (a Kubernetes pod its UID); a node between
@@ -232,7 +354,7 @@ class Fleet:
                     workload = f"{a.job.name}.service"
                 yield emit("gpunode_node_workload_info", "gpunode", np.where(running, 1.0, np.nan),
                            source=source, workload=workload)
-        yield from self._gpunode(n, faults, save, emit, lost, load, save_bytes)
+        yield from self._gpunode(n, faults, save, emit, lost, load, save_bytes, own)
         for job in ("gpunode", "node", "dcgm"):
             yield emit("up", job, np.ones(t.size))
 
@@ -242,17 +364,17 @@ class Fleet:
             if a.job.source != "kubernetes":
                 continue
             during = np.where(self._between(a.start, a.end), 1.0, np.nan)
-            kind = "ReplicaSet" if a.job.kind == "inference" else "PyTorchJob"
             for n in a.nodes:
                 pod = f"{a.job.name}-{a.number}-{n}"
                 base = {"job": "kube-state-metrics", "instance": "kube-state-metrics", "namespace": "ml", "pod": pod}
                 info = {**base, "uid": pod_uid(a, n), "node": node_name(n)}
                 yield Series("kube_pod_info", tuple(sorted(info.items())), during)
-                yield Series("kube_pod_owner", tuple(sorted({**base, "owner_kind": kind, "owner_name": a.job.name,
+                yield Series("kube_pod_owner", tuple(sorted({**base, "owner_kind": owner_kind(a),
+                                                             "owner_name": a.job.name,
                                                              "owner_is_controller": "true"}.items())), during)
 
     def _gpunode(self, n: int, faults: list[Event], save: np.ndarray, emit, lost: np.ndarray, load: np.ndarray,
-                 save_bytes: np.ndarray) -> Iterator[Series]:
+                 save_bytes: np.ndarray, own: causes.Own) -> Iterator[Series]:
         t = self.t
         ones = np.ones(t.size)
         yield emit("gpunode_gpus_expected", "gpunode", ones * GPUS)
@@ -264,7 +386,6 @@ class Fleet:
             uuid = f"GPU-{n:08x}-0000-0000-0000-{g:012x}"
             gl = {"gpu": str(g), "uuid": uuid}
             correctable, uncorrectable = ones * 0, ones * 0
-            width = ones * 16
             for f in (f for f in faults if f.gpu == g):
                 if f.kind == "uncorrectable_steps":
                     steps = [seconds(x, "steps") for x in f.param("steps", [0, 7200, 18000])]
@@ -275,22 +396,38 @@ class Fleet:
                     creep = 0.3 / 86400 * t
                     fast = np.clip(t - f.at, 0, None) * float(f.param("rows_per_day", 30)) / 86400
                     correctable = np.floor(2 + creep + np.minimum(fast, 230))
-                if f.kind == "pcie_downgrade":
-                    width = np.where(t >= f.at, 8, 16)
                 if f.kind == "xid79_collapse":
                     for code in (79, 145):
                         xids[(g, code)] = np.where(t >= f.at, 1, 0)
                 if f.kind == "getattr_spike":
                     xids[(g, 94)] = np.where(t >= f.at, 1, 0)
             yield emit("gpunode_gpu_up", "gpunode", np.where(lost[g], 0, 1), **gl)
-            yield emit("gpunode_gpu_remapped_rows_total", "gpunode", correctable, cause="correctable", **gl)
-            yield emit("gpunode_gpu_remapped_rows_total", "gpunode", uncorrectable, cause="uncorrectable", **gl)
-            yield emit("gpunode_gpu_row_remap_pending", "gpunode", (correctable + uncorrectable > 0) * 0, **gl)
-            yield emit("gpunode_gpu_row_remap_failure", "gpunode", ones * 0, **gl)
-            yield emit("gpunode_gpu_recovery_action", "gpunode", ones * 0, pci_bus_id=f"0000:{g:02x}:00.0", **gl)
-            for kind, value in (("current", width), ("max", ones * 16)):
-                yield emit("gpunode_gpu_pcie_link_width", "gpunode", value, kind=kind, **gl)
-                yield emit("gpunode_gpu_pcie_link_generation", "gpunode", ones * 5, kind=kind, **gl)
+            if lost[g].all():
+                continue
+            shown = np.where(lost[g], np.nan, 1.0)  # a lost GPU has no other series
+            yield emit("gpunode_gpu_remapped_rows_total", "gpunode", correctable * shown, cause="correctable", **gl)
+            yield emit("gpunode_gpu_remapped_rows_total", "gpunode", uncorrectable * shown, cause="uncorrectable", **gl)
+            yield emit("gpunode_gpu_row_remap_pending", "gpunode", ones * 0 * shown, **gl)
+            yield emit("gpunode_gpu_row_remap_failure", "gpunode", ones * 0 * shown, **gl)
+            yield emit("gpunode_gpu_recovery_action", "gpunode", ones * 0 * shown, pci_bus_id=f"0000:{g:02x}:00.0",
+                       **gl)
+            for kind, value in (("current", own.pcie_width[g]), ("max", ones * 16)):
+                yield emit("gpunode_gpu_pcie_link_width", "gpunode", value * shown, kind=kind, **gl)
+                yield emit("gpunode_gpu_pcie_link_generation", "gpunode", ones * 5 * shown, kind=kind, **gl)
+            yield emit("gpunode_gpu_pcie_replays_total", "gpunode", self._counter(own.pcie_replays[g] / self.s.step, 0)
+                       * shown, **gl)
+            for reason, active in own.reasons.items():
+                yield emit("gpunode_gpu_clock_event_active", "gpunode", active[g] * shown, reason=reason, **gl)
+            for reason, spent in own.event_seconds.items():
+                yield emit("gpunode_gpu_clock_event_seconds_total", "gpunode",
+                           np.cumsum(spent[g]) * shown, reason=reason, **gl)
+            for policy, spent in own.violation.items():
+                yield emit("gpunode_gpu_clock_violation_seconds_total", "gpunode",
+                           np.cumsum(spent[g]) * shown, policy=policy, **gl)
+            for kind, errors in own.nvlink_errors.items():
+                yield emit("gpunode_gpu_nvlink_errors_total", "gpunode", np.cumsum(errors[g]) * shown,
+                           link="all", type=kind, **gl)
+            yield emit("gpunode_gpu_nvlink_links_up", "gpunode", own.links_up[g] * shown, **gl)
         for (g, code), count in xids.items():
             xl = {"gpu": str(g), "uuid": f"GPU-{n:08x}-0000-0000-0000-{g:012x}", "xid": str(code),
                   "action": XID_ACTIONS[code], "pci_bus_id": f"0000:{g:02x}:00.0"}
@@ -299,7 +436,7 @@ class Fleet:
             yield emit("gpunode_xid_errors_total", "gpunode", np.where(shown, count, np.nan), **xl)
             yield emit("gpunode_xid_last_event_timestamp_seconds", "gpunode", np.where(shown, first, np.nan), **xl)
         yield from self._nfs(n, faults, save, emit, load, save_bytes)
-        yield from self._roce(faults, emit)
+        yield from self._roce(emit, own, save)
 
     def _nfs(self, n: int, faults: list[Event], save: np.ndarray, emit, load: np.ndarray,
              save_bytes: np.ndarray) -> Iterator[Series]:
@@ -345,14 +482,21 @@ class Fleet:
         yield emit("gpunode_storage_interface_info", "gpunode", np.ones(t.size), device="eth0", source="nfs_route")
         yield emit("gpunode_network_link_speed_bytes", "gpunode", np.full(t.size, 2.5e10), device="eth0")
 
-    def _roce(self, faults: list[Event], emit) -> Iterator[Series]:
+    def _roce(self, emit, own: causes.Own, save: np.ndarray) -> Iterator[Series]:
+        """The RoCE NIC (storage and the job's traffic over Ethernet): congestion, PFC and its transport errors."""
         t = self.t
-        surge = np.ones(t.size)
-        for f in faults:
-            if f.kind == "pcie_downgrade":
-                surge[t >= f.at] = float(f.param("congestion", 20))
-        port = {"device": "mlx5_0", "port": "1"}
+        port = {"device": "mlx5_4", "port": "1"}
         yield emit("gpunode_rdma_port_info", "gpunode", np.ones(t.size), netdev="eth1", link_layer="Ethernet", **port)
-        yield emit("gpunode_rdma_cnp_sent_total", "gpunode", self._counter(5.0 * surge * self._noise(0.2)), **port)
-        yield emit("gpunode_rdma_ecn_marked_packets_total", "gpunode", self._counter(8.0 * surge * self._noise(0.2)),
+        yield emit("gpunode_storage_interface_info", "gpunode", np.ones(t.size), device="eth1", source="config")
+        yield emit("gpunode_rdma_cnp_sent_total", "gpunode", self._counter(5.0 * own.congestion * self._noise(0.2)),
                    **port)
+        yield emit("gpunode_rdma_ecn_marked_packets_total", "gpunode",
+                   self._counter(8.0 * own.congestion * self._noise(0.2)), **port)
+        for counter, name in (("out_of_sequence", "gpunode_rdma_out_of_sequence_packets_total"),
+                              ("packet_seq_err", "gpunode_rdma_packet_sequence_errors_total"),
+                              ("local_ack_timeout_err", "gpunode_rdma_local_ack_timeouts_total")):
+            yield emit(name, "gpunode", self._counter(own.roce[counter], 0), **port)
+        sent = own.pfc_sent * np.where(save, 5.0, 1.0)  # a save's burst fills every node's buffers alike
+        for direction, rate in (("tx", sent), ("rx", own.pfc_sent * 0.5)):
+            yield emit("gpunode_network_pfc_pause_frames_total", "gpunode", self._counter(rate, 0), device="eth1",
+                       direction=direction, priority="3")

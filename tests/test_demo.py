@@ -18,7 +18,7 @@ from demo import scenario as scenarios
 from demo.__main__ import matches, missing
 from demo.stack import DEMO_SPEC, Ports, Stack, missing_tools
 from exporter import dashboards
-from exporter.dashboards.board import DCGM, NFS_MOUNT, PFC, expand
+from exporter.dashboards.board import DCGM, JOB_PAST, NFS_MOUNT, PFC, expand
 from exporter.rulepack import load_spec
 from tests.helpers import free_port
 from tests.netns import netns_unavailable
@@ -88,9 +88,9 @@ def test_xid_alert_names_the_gpu(demo_stack: Stack) -> None:
 def test_every_dashboard_panel_query_returns_data(demo_stack: Stack) -> None:
     """Each panel query of the dashboards rendered with the demo's spec returns data from the demo's
     Prometheus, except panels needing what the demo lacks (dcgm-exporter, PFC, an NFS mount node_exporter
-    sees): those return none, which shows their stated need is real."""
+    sees, a job's hours of past): those return none, which shows their stated need is real."""
     promql_parser = pytest.importorskip("promql_parser")
-    absent_in_demo = {DCGM, PFC, NFS_MOUNT}
+    absent_in_demo = {DCGM, PFC, NFS_MOUNT, JOB_PAST}
     empty, lacking = set(), set()
     for built in dashboards.build(load_spec(DEMO_SPEC)):
         lacking |= {title for title, need in built.needs.items() if any(a in need for a in absent_in_demo)}

@@ -29,7 +29,7 @@ def test_a_failure_ends_the_attempt_on_every_node_and_a_lost_gpu_leaves_the_next
                           "restart_gap": "11m"},
                          {"name": "other", "kind": "training", "nodes": [6, 7], "start": "1h", "end": "5h"}],
                    faults=[{"kind": "xid79_collapse", "node": 2, "at": "6h"},
-                           {"kind": "failslow", "node": 3, "at": "8h"}])  # fail-slow kills nothing
+                           {"kind": "throttle", "node": 3, "at": "8h"}])  # a straggler kills nothing
     attempts = Fleet(sc, 0.0).attempts
     big = [a for a in attempts if a.job.name == "big"]
     assert [(a.start, a.end, a.nodes) for a in big] == [

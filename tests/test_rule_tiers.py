@@ -58,8 +58,11 @@ def test_the_fleet_tier_reads_only_recordings_and_the_named_inputs() -> None:
         assert not reads & written_fleet and not across, rule.get("record") or rule["alert"]
     # The comparisons of nodes are all in the fleet tier.
     names = {r.get("record") or r["alert"] for r in fleet}
-    assert {"GpuNodePrecursorMultiSignal", "GpuNodeFailSlow", "gpunode:precursor_signal:peer_median",
-            "gpunode:failslow_proxy:peer_median"} <= names
+    assert {"GpuNodePrecursorMultiSignal", "GpuJobSlowedDown", "GpuNodeClockThrottled",
+            "gpunode:precursor_signal:peer_median", "gpunode:failslow_proxy:peer_median"} <= names
+    # The evidence of a cause is the node's own: recorded where its exporters are scraped.
+    assert {"gpunode:gpu_clock_reason:active", "gpunode:fabric_link:errors", "gpunode:gpu_pcie_link:below_max",
+            "GpuNvLinkDegraded"} <= {r.get("record") or r["alert"] for r in local}
 
 
 def test_a_tier_runs_no_more_rules_at_once_than_its_group_has() -> None:
@@ -101,5 +104,5 @@ def test_fleet_alert_texts_query_only_what_reaches_the_fleet_tier() -> None:
     fleet = _rules(split(render(SPEC), "fleet", NODE))
     for rule in fleet:
         text = " ".join(str(v) for v in (rule.get("annotations") or {}).values())
-        raw = set(re.findall(r"\b(?:gpunode_\w+|node_\w+|DCGM_\w+|kube_\w+)\b", text)) - FLEET_RAW_INPUTS
+        raw = set(re.findall(r"(?<![\w:])(?:gpunode_\w+|node_\w+|DCGM_\w+|kube_\w+)\b", text)) - FLEET_RAW_INPUTS
         assert not raw, (rule.get("alert"), raw)

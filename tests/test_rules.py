@@ -140,7 +140,7 @@ def test_every_alert_has_labels_annotations_and_a_runbook_section() -> None:
         assert anchor == name.lower() and anchor in headings, f"{name}: no '## {name}' in {runbook}"
 
 
-FLEET_WIDE = ("GpuNodeFailSlow", "GpuNodeSlowingDown", "GpuNodePrecursorMultiSignal")
+FLEET_WIDE = ("GpuNodeClockThrottled", "GpuNodeHostStarved", "GpuNodeFabricLinkErrors", "GpuNodePrecursorMultiSignal")
 
 
 @pytest.mark.parametrize("name", FLEET_WIDE)

@@ -100,22 +100,24 @@ def test_recorded_history_is_written_once_per_series() -> None:
 
 
 def test_recorded_history_is_taken_from_a_range_clear_of_the_rules_first_minutes() -> None:
-    """The baseline's 5-minute medians are backfilled only from an evaluation whose 5 minutes
-    begin after the peer rules have settled (before, a node's median of basis="self" from the
-    first minutes could be backfilled beside its basis="peers" one: two baselines per node), and
-    the warm-up is long enough for that and one more evaluation."""
+    """The baselines' 5-minute medians (a node's, a job's) are backfilled only from an evaluation
+    whose 5 minutes begin after the peer rules have settled (a median of the rules' first minutes
+    would hold a level no node ever had), and the warm-up is long enough for that and one more
+    evaluation."""
     import argparse
 
     reads, recorded, recorded_from, bad = rules_eval.rule_reads("vmalert", 30.0)
     assert not bad
-    assert recorded_from["gpunode:failslow_proxy:relative_median"] == 300.0  # relative[5m]
+    for median in ("gpunode:failslow_proxy:interval_median", "gpunode:failslow_job:interval_median"):
+        assert recorded_from[median] == 300.0  # in_peer_group[5m], peer_median[5m]
     for max_group_interval, run_step in ((60.0, 30.0), (300.0, 300.0)):  # the whole pack; the fleet tier
         args = argparse.Namespace(warmup=300.0, backfill_days=0, scrape_interval=15.0, eval_interval=30.0,
                                   max_group_interval=max_group_interval)
         args.warmup = rules_eval.warmup_for_recorded_history(reads, recorded, recorded_from, args)
         plan = rules_eval.backfill_plan(reads, recorded, args, recorded_from)
-        median = plan["gpunode:failslow_proxy:relative_median"]
+        median = plan["gpunode:failslow_proxy:interval_median"]
         assert median["tier"] == "recorded" and median["run_step_s"] == run_step
+        assert plan["gpunode:failslow_job:interval_median"]["tier"] == "recorded"
         due = rules_eval.recorded_backfill_after(plan)
         # The group runs at least once in (due - a step, due]: its range starts after the settling...
         assert due - 15 - max(60.0, run_step) - median["reads_s"] >= rules_eval.RULES_SETTLE_SECONDS

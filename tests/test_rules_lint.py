@@ -1,6 +1,7 @@
 """Lint of the rendered rule pack with a real PromQL parser (promql-parser):
 rate()/increase() only over counters, and every metric a rule reads is one our exporter
-produces (its golden outputs), another rule records, or one on the documented list of
+produces (its golden outputs, or a family a collector declares: some appear only on hardware
+the golden nodes lack, as PFC pauses), another rule records, or one on the documented list of
 node_exporter and dcgm-exporter metrics (rules/external-metrics.yaml)."""
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ def _rules() -> list[dict[str, Any]]:
 
 
 def _ours() -> dict[str, str]:
-    types: dict[str, str] = {}
+    from exporter.collector import COLLECTORS
+
+    types: dict[str, str] = {spec.name: spec.kind for cls in COLLECTORS.values() for spec in cls.metrics}
     for golden in (ROOT / "tests" / "golden").glob("*.prom"):
         types.update(dict(_TYPE.findall(golden.read_text())))
     return types
@@ -105,7 +108,7 @@ PREFIXES = {
     "remap": ("GpuRowRemap",),
     "gpu": ("Gpu",),
     "precursor": ("GpuNode",),
-    "failslow": ("GpuNode",),
+    "failslow": ("GpuNode", "GpuJob"),
     "exporter": ("GpuNode",),
     "nfs": ("Nfs",),
     "checkpoint": ("Checkpoint",),
@@ -122,6 +125,7 @@ def test_alert_names_follow_the_prefix_scheme() -> None:
 
 
 def test_node_alerts_name_no_gpu_and_gpu_alerts_do() -> None:
+    """GpuNode alerts are about a node, GpuJob alerts about a job (neither names a GPU); other Gpu alerts name one."""
     expected: dict[str, set[bool]] = {}
     for path in (ROOT / "tests" / "rules").glob("*.test.yml"):
         for case in yaml.safe_load(path.read_text())["tests"]:
@@ -129,7 +133,7 @@ def test_node_alerts_name_no_gpu_and_gpu_alerts_do() -> None:
                 for alert in check.get("exp_alerts") or []:
                     expected.setdefault(check["alertname"], set()).add("gpu" in alert.get("exp_labels", {}))
     for name, has_gpu in expected.items():
-        if name.startswith("GpuNode"):
+        if name.startswith(("GpuNode", "GpuJob")):
             assert has_gpu == {False}, f"{name} is about a node but names a GPU"
         elif name.startswith("Gpu") and name != "GpuXidRepeatedHardwareFaults":  # that one counts the node's
             assert has_gpu == {True}, f"{name} is about one GPU but does not name it"

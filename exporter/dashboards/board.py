@@ -32,6 +32,7 @@ FAILSLOW_PEERS = "at least failslow.min_peers nodes in a peer group"
 FAILSLOW_INPUT = ("dcgm-exporter, or node_exporter's counters of NICs matching failslow.network_devices "
                   "or of RDMA ports")
 PFC = "a NIC whose driver reports per-priority pause frames (mlx5, ice)"
+JOB_PAST = "a job that has run for failslow.own_coverage of failslow.own_baseline (about 2.5 hours)"
 NFS_MOUNT = "an NFS mount that node_exporter sees"
 SAVES = "checkpoint.min_saves saves within checkpoint.interval_window"
 DCGM = EXPORTERS["dcgm"]

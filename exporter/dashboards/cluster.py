@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from exporter.dashboards.board import (
+    DCGM,
     FAILSLOW_INPUT,
     FAILSLOW_PEERS,
+    JOB_PAST,
     PEERS,
     SAVES,
     Board,
@@ -48,14 +50,24 @@ def build(b: Board) -> None:
             f"for {duration(pre['continuity'])} fire GpuNodePrecursorMultiSignal. No single signal dominated "
             "the failures of the Lablup B200 operations report: which ones deviate says where to look.", "short",
             [Query(f"topk({TOP * 2}, abs({score}))")], instant=True, needs=(PEERS,))
+    jobs = b.rec("gpunode:failslow_job:ratio_to_own_past")
+    b.panel(time_series(), "Jobs against their own past (lowest of power and traffic)",
+            "Per job (workload), the lowest of its level of power, NVLink, NIC and RDMA bytes (the median over its "
+            f"nodes, over {duration(fs['own_window'])}) divided by its own level of the "
+            f"{duration(fs['own_baseline'])} before. A synchronous job moves at its slowest node's pace, so a "
+            "straggler lowers every node's traffic and its waiting peers' power alike: below "
+            f"{1 - fs['job_fraction']:.2f} on {fs['job_min_proxies']} of them for {duration(fs['job_for'])} fires "
+            "GpuJobSlowedDown, which lists the cause alerts on the job's nodes.", "percentunit",
+            [Query(f"min by (workload) ({jobs})", "{{workload}}")], needs=(FAILSLOW_INPUT, JOB_PAST))
     ratio = b.rec("gpunode:failslow_proxy:ratio_to_peers")
-    b.panel(heatmap_panel(), "Fail-slow: throughput against the peer median (lowest proxy)",
-            "Per node, its lowest throughput proxy (slowest GPU's utilization, power, SM clock, NVLink; NIC and "
-            f"RDMA bytes) divided by the peer median. Below {1 - fs['fraction']:.2f} on {fs['min_proxies']} "
-            f"proxies for {duration(fs['for'])} while the peers train fires GpuNodeFailSlow ("
-            "the Lablup B200 operations report: "
-            "fail-slow nodes are 3-15 % slower; Minder).", "percentunit",
-            [Query(f"min by ({node}) ({ratio})", by_node)], needs=(FAILSLOW_PEERS, FAILSLOW_INPUT))
+    b.panel(heatmap_panel(), "Stragglers: slowest GPU's clock and utilization against the job's median",
+            "Per node, the lower of its slowest GPU's SM clock and utilization divided by its job's median. "
+            "Waiting peers stay busy at their clocks, so a node below is the one they wait for: a clock "
+            f"{fs['clock_fraction']:.0%} low with a throttle reason fires GpuNodeClockThrottled, utilization "
+            f"{fs['starved_fraction']:.0%} low with its CPUs contended GpuNodeHostStarved (Greyhound, Wu et al., "
+            "USENIX ATC '25: one straggler slows every GPU of its job).", "percentunit",
+            [Query(f"min by ({node}) ({ratio})", by_node)],
+            needs=(FAILSLOW_PEERS, f"{DCGM}'s GPU utilization and SM clock (the ratios of these two only)"))
 
     b.row("Xid errors")
     xids = b.q("gpunode_xid_errors_total")
