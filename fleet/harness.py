@@ -127,7 +127,12 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int, spec_path: Path | 
                           f"storage: {{tsdb: {{out_of_order_time_window: {window}h}}}}\n")
         server = ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={data}",
                   f"--web.listen-address=127.0.0.1:{port}", "--web.enable-remote-write-receiver",
-                  "--storage.tsdb.retention.time=10y", "--query.lookback-delta=5m",
+                  # A live Prometheus marks a series stale at the first scrape or evaluation that lacks it;
+                  # the series loaded here and the replay's recordings carry no staleness marker, so with
+                  # the default 5 minutes a node that left, a job that ended, a recording that stopped
+                  # would read on as if present for 5 minutes, and each rule reading another's recording
+                  # adds 5 more. One minute (two 30 s evaluations) ends them about as a live server does.
+                  "--storage.tsdb.retention.time=10y", "--query.lookback-delta=1m",
                   # as -search.maxQueryDuration below: a replay range query over days of 60+ nodes
                   # (the fail-slow peer median) passed the default 2 minutes on a busy machine
                   "--query.timeout=10m"]
