@@ -76,7 +76,7 @@ def test_a_tier_runs_no_more_rules_at_once_than_its_group_has() -> None:
 
 
 def test_tier_files_pass_promtool_and_vmalert(tmp_path: Path) -> None:
-    for target, checker in (("prometheus", ["promtool", "check", "rules"]), ("vmalert", None)):
+    for target, checker in (("prometheus", ["promtool", "check", "rules", "--lint-fatal"]), ("vmalert", None)):
         for tier in ("local", "fleet"):
             out = tmp_path / target / tier
             assert main(["rules", "render", "--target", target, "--tier", tier, "--out", str(out)]) == 0
