@@ -12,8 +12,6 @@ from pathlib import Path
 from fleet import harness, scenario, score
 from fleet.simulate import Fleet, Truth, node_name
 
-PORTS = {"prometheus": 19390, "victoriametrics": 18528}
-
 
 def _cell(value: float, unit: str = "") -> str:
     return "n/a" if math.isnan(value) else f"{value:.2f}{unit}" if not unit else f"{value / 60:+.1f} min"
@@ -75,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         results = {}
         for backend in args.backend or harness.BACKENDS:
             began = time.monotonic()
-            run = harness.run(backend, fleet, args.workdir / sc.name / backend, PORTS[backend], args.spec)
+            run = harness.run(backend, fleet, args.workdir / sc.name / backend, spec_path=args.spec)
             s = score.score(run.firing, fleet.truth(), [node_name(n) for n in range(sc.nodes)], sc.duration)
             results[backend] = (run, s)
             _dump(args.workdir / sc.name / backend / "alerts.json", run, s)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -52,6 +53,13 @@ def missing_tools() -> list[str]:
     return [tool for tools in TOOLS.values() for tool in tools if shutil.which(tool) is None]
 
 
+def free_port() -> int:
+    """A loopback port free now (the server binds it a moment later: _ours tells if another did)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _remote_write(fleet: Fleet, url: str) -> int:
     """The fleet into a running backend by remote write, in time order: WRITE_SLICE of every
     series per pass, since Prometheus' head takes no sample an hour older than the newest it
@@ -81,12 +89,27 @@ def _wait(url: str, proc: subprocess.Popen[bytes], seconds: float = 120) -> None
     raise RuntimeError(f"{url} not ready after {seconds:.0f} s")
 
 
+def _ours(backend: str, url: str, data: Path) -> None:
+    """The server answering at url is the one started on data: another run's server on the same
+    port (ours then failed to bind) would answer ready, and the run would score its data."""
+    if backend == "prometheus":
+        flags = requests.get(f"{url}/api/v1/status/flags", timeout=10).json()["data"]
+        serving = flags.get("storage.tsdb.path", "")
+    else:
+        found = re.search(r'^-storageDataPath="(.*)"$', requests.get(f"{url}/flags", timeout=10).text, re.M)
+        serving = found.group(1) if found else ""
+    if Path(serving).resolve() != data.resolve():
+        raise RuntimeError(f"{url} serves {serving or 'an unknown path'}, not this run's {data}: "
+                           "another server holds the port")
+
+
 @contextlib.contextmanager
-def _server(argv: list[str], ready: str, log: Path) -> Iterator[None]:
+def _server(argv: list[str], ready: str, log: Path, check: Callable[[], None]) -> Iterator[None]:
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
         try:
             _wait(ready, proc)
+            check()
             yield
         finally:
             proc.terminate()
@@ -105,8 +128,10 @@ class Run:
     samples: int
 
 
-def run(backend: str, fleet: Fleet, workdir: Path, port: int, spec_path: Path | None = None) -> Run:
-    """Load the fleet into backend, replay the rule pack, return the alert episodes."""
+def run(backend: str, fleet: Fleet, workdir: Path, port: int | None = None, spec_path: Path | None = None) -> Run:
+    """Load the fleet into backend, replay the rule pack, return the alert episodes. The server
+    listens on port, by default a free one, so that runs side by side do not meet."""
+    port = port or free_port()
     shutil.rmtree(workdir, ignore_errors=True)  # a stale data directory would add its series twice
     workdir.mkdir(parents=True)
     rules = workdir / "rules"
@@ -146,7 +171,7 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int, spec_path: Path | 
                   # a replay range query of a 3-hour quantile_over_time per node (GpuNodeSlowingDown) took > 30 s
                   "-search.maxQueryDuration=600s"]
         write_url, ready = url, f"{url}/health"
-    with _server(server, ready, workdir / f"{backend}.log"):
+    with _server(server, ready, workdir / f"{backend}.log", lambda: _ours(backend, url, data)):
         samples = _remote_write(fleet, url)
         if backend == "victoriametrics":
             requests.get(f"{url}/internal/force_flush", timeout=60).raise_for_status()

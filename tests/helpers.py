@@ -18,6 +18,7 @@ from exporter.config import Config, NFSConfig
 from exporter.exposition import Renderer
 from exporter.nvmlsim.library import FUNCTIONS, SimulatedNVML
 from exporter.nvmlsim.scenario import build
+from fleet.harness import free_port  # noqa: F401  (tests take it from here; one copy of it)
 
 Series = dict[str, dict[tuple, float]]
 
@@ -47,12 +48,6 @@ def render(families: Iterable[Family]) -> str:
 def collect_samples(collector: Collector) -> Series:
     """One collect() call, rendered and parsed back as Prometheus would."""
     return parse_exposition(render(collector.collect()))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for_port(port: int, alive: Callable[[], bool] = lambda: True, seconds: float = 20) -> None:

@@ -4,7 +4,9 @@ and the scorer, without a backend."""
 
 from __future__ import annotations
 
+import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from fleet import harness, scenario, score
 from fleet.harness import Firing
 from fleet.simulate import Fleet, Truth, node_name, workload_label
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_for_port
 
 SELFTEST = scenario.load("selftest")
 HEALTHY = {node_name(n) for n in (0, 1, 3, 5)}
@@ -136,3 +138,41 @@ def test_replays_run_side_by_side_but_never_before_what_they_read() -> None:
         assert all(order["end", j] < order["start", i] for j in needs)
     assert most[0] == 2
     assert sorted(i for kind, i in events if kind == "end") == list(range(5))
+
+
+@pytest.mark.parametrize("backend", harness.BACKENDS)
+def test_runs_side_by_side_score_as_one_alone(backend: str, tmp_path: Path) -> None:
+    """Each run starts its own server on a free port and checks that the server answering is its
+    own: two runs at once (a second `make fleet`, the test suite beside one) each score their own
+    data, the same alert episodes as a run alone."""
+    if tools := harness.missing_tools():
+        pytest.skip(f"not installed: {', '.join(tools)} (scripts/install-deps.sh --test installs them)")
+    fleet = _fleet()
+
+    def episodes(name: str) -> list[tuple[str, tuple[tuple[str, str], ...], float, float]]:
+        run = harness.run(backend, fleet, tmp_path / name)
+        return sorted((f.alertname, tuple(sorted(f.labels.items())), f.start, f.end) for f in run.firing)
+
+    alone = episodes("alone")
+    with ThreadPoolExecutor(2) as pool:
+        side_by_side = list(pool.map(episodes, ["left", "right"]))
+    assert alone and side_by_side == [alone, alone]
+
+
+def test_a_run_refuses_a_server_it_did_not_start(tmp_path: Path) -> None:
+    """What a fixed port allowed: another run's server answering in place of this run's."""
+    if tools := harness.missing_tools():
+        pytest.skip(f"not installed: {', '.join(tools)} (scripts/install-deps.sh --test installs them)")
+    port = free_port()
+    other = subprocess.Popen(["victoria-metrics", f"-storageDataPath={tmp_path / 'other'}",
+                              f"-httpListenAddr=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(port, lambda: other.poll() is None)
+        with pytest.raises(RuntimeError, match="another server holds the port"):
+            harness._ours("victoriametrics", f"http://127.0.0.1:{port}", tmp_path / "run")
+        # The run's own server either fails to bind first or the other answers first: refused either way.
+        with pytest.raises(RuntimeError, match=r"another server holds the port|exited with"):
+            harness.run("victoriametrics", _fleet(), tmp_path / "run", port)
+    finally:
+        other.terminate()
+        other.wait(20)
