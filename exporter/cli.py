@@ -234,10 +234,10 @@ def _render(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 1
     for name in files:
         print(args.out / name)
-    if args.command == "rules" and spec["runbook_base_url"] == rulepack.shipped_spec()["runbook_base_url"]:
-        sys.stderr.write(f"{PROG}: warning: runbook_base_url is the shipped placeholder; set it to where your "
-                         "team can open the runbooks (a copy of docs/runbooks/), or every alert's link is dead "
-                         "(docs/rules.md)\n")
+    if args.command == "rules" and spec["runbook_base_url"] != rulepack.shipped_spec()["runbook_base_url"]:
+        sys.stderr.write(f"{PROG}: warning: alerts link to {spec['runbook_base_url']}/AREA.md#alertname: keep a "
+                         "copy of docs/runbooks/ there, its file names and headings as they are, or the links "
+                         "are dead (docs/rules.md)\n")
     return 0
 
 

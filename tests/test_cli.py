@@ -42,7 +42,7 @@ def test_serve_loads_no_template_dashboard_yaml_tls_or_bcrypt_code() -> None:
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
-def test_rules_render_warns_while_runbooks_point_at_the_placeholder(tmp_path: Path) -> None:
+def test_rules_render_warns_when_runbooks_point_away_from_the_projects(tmp_path: Path) -> None:
     def render(spec: str) -> str:
         (tmp_path / "spec.yaml").write_text(spec)
         out = subprocess.run([sys.executable, "-m", "exporter", "rules", "render", "--spec",
@@ -51,8 +51,9 @@ def test_rules_render_warns_while_runbooks_point_at_the_placeholder(tmp_path: Pa
         assert out.returncode == 0, out.stderr
         return out.stderr
 
-    assert "runbook_base_url is the shipped placeholder" in render("{}")
-    assert render("runbook_base_url: https://wiki.example/gpu-runbooks\n") == ""
+    assert render("{}") == ""  # the project's own runbooks: links that open
+    warning = render("runbook_base_url: https://wiki.example/gpu-runbooks\n")
+    assert "https://wiki.example/gpu-runbooks/AREA.md#alertname" in warning and "docs/runbooks/" in warning
 
 
 def test_dump_prints_the_exposition() -> None:
