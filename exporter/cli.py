@@ -161,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         from exporter import doctor  # reports bad config files itself, as findings
 
         return doctor.run(args)
+    # A mount point that is not there is a typo in the unit or the pod spec, not a node without
+    # those files: refused like a broken --config.file, not served as a node without GPUs or mounts.
+    for flag, path in (("--path.procfs", args.procfs), ("--path.sysfs", args.sysfs)):
+        if not path.is_dir():
+            parser.error(f"{flag} {path}: no such directory")
     logging.basicConfig(level=args.log_level.upper().replace("WARN", "WARNING"), stream=sys.stderr,
                         format="%(asctime)s level=%(levelname)s %(name)s: %(message)s")
     try:

@@ -85,6 +85,8 @@ def test_failed_collector_still_gives_exit_0_and_a_metric(tmp_path: Path) -> Non
     ([], "a: [unclosed\n", "invalid YAML"),
     ([], "gpu:\n  expected_count: eight\n", "key 'gpu.expected_count': want a whole number"),
     (["--nvml.simulate", "/nonexistent/s.yml"], None, "cannot read /nonexistent/s.yml"),
+    (["--path.procfs", "/nonexistent/proc"], None, "--path.procfs /nonexistent/proc: no such directory"),
+    (["--path.sysfs", "/nonexistent/sys"], None, "--path.sysfs /nonexistent/sys: no such directory"),
     (["--nvml.simulate", "tests/fixtures/nvml/expect-8-gpus.yaml"], None,
      "expect-8-gpus.yaml: scenario: missing key 'gpus'"),
 ])
