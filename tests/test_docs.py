@@ -332,3 +332,19 @@ def test_one_spelling_for_each_term() -> None:
     found = [f"{name}: {m.group(0)}" for name, text in _tracked_text().items() if not name.startswith(data)
              for m in re.finditer(r"\bXIDs?\b|[Uu]tilis", text)]
     assert not found, found
+
+
+def test_install_names_the_packages_pip_fetches_and_the_systems_python() -> None:
+    """docs/install.md: the dependencies it lists are the wheel's (pyproject), and the venv the
+    unit runs is made with /usr/bin/python3, which ProtectHome does not hide."""
+    import tomllib
+
+    text = (ROOT / "docs" / "install.md").read_text()
+    listed = re.search(r"pip fetches its dependencies \(([^)]*)\)", text)
+    assert listed, "docs/install.md no longer says what pip fetches"
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+
+    def norm(name: str) -> str:
+        return re.split(r"[<>=!~ \[]", name.strip())[0].lower().replace("_", "-")
+    assert sorted(map(norm, listed.group(1).split(","))) == sorted(map(norm, declared))
+    assert "/usr/bin/python3 -m venv /opt/gpunode-exporter" in text
