@@ -341,13 +341,32 @@ class StragglerReads:
             types, returns, raws = ([seq[i] for i in plan.source] for seq in (types, returns, raws))
         if any(returns):
             self._count_failures(device, [code for code in returns if code not in (_OK, _NOT_SUPPORTED)])
+        self._add_spans(plan, (_values(types[a:b], returns[a:b], raws[a:b]) for _, _, a, b, _ in plan.spans),
+                        labels, out)
+        return plan
+
+    def _usual(self, plan: Fields, raws: list[int], uints: memoryview, labels: _Labels, out: Reading) -> None:
+        """_read_fields for an answer of plain counters, what almost every scrape gets: the values as
+        they lie, unsigned long longs, and unsigned ints for link states and replays, with no decoding."""
+        def span(kind: str, a: int, b: int) -> list[int | float | None]:
+            if kind == "state":
+                return uints[_UINT_AT + a * _INTS:_UINT_AT + b * _INTS:_INTS].tolist()
+            if kind == "replays":
+                replays = uints[_UINT_AT + a * _INTS]
+                return [None if replays == _NOT_AVAILABLE["I"] else replays]
+            return raws[a:b]  # type: ignore[return-value]
+
+        self._add_spans(plan, (span(kind, a, b) for kind, _, a, b, _ in plan.spans), labels, out)
+
+    def _add_spans(self, plan: Fields, values_per_span: Iterable[list[int | float | None]], labels: _Labels,
+                   out: Reading) -> None:
+        """Each span's values (None: absent) as rows of `out`."""
         sums: dict[str, int | float | None] = {}
-        for kind, label, a, b, keys in plan.spans:
-            values = _values(types[a:b], returns[a:b], raws[a:b])
+        for (kind, label, _, _, keys), values in zip(plan.spans, values_per_span, strict=True):
             complete = None not in values
             if kind in ("policy", "event"):
-                rows = [(labels.policies[key], _seconds(v))
-                        for key, v in zip(keys, values, strict=True) if v is not None]
+                policies = labels.policies
+                rows = [(policies[key], _seconds(v)) for key, v in zip(keys, values, strict=True) if v is not None]
                 if kind == "policy":
                     out.violations = rows
                 else:
@@ -365,30 +384,6 @@ class StragglerReads:
                 total = sums.get(label, 0)  # a sum without a link would look like a counter reset: none
                 sums[label] = total + sum(values) if complete and total is not None else None  # type: ignore[arg-type]
         out.errors += [(labels.link("all", label), total) for label, total in sums.items() if total is not None]
-        return plan
-
-    def _usual(self, plan: Fields, raws: list[int], uints: memoryview, labels: _Labels, out: Reading) -> None:
-        """_read_fields for an answer of plain counters: what almost every scrape gets."""
-        sums: dict[str, int] = {}
-        for kind, label, a, b, keys in plan.spans:
-            if kind == "errors":
-                if self.per_link:
-                    out.errors += [(labels.link(key, label), raw) for key, raw in zip(keys, raws[a:b], strict=True)]
-                else:
-                    sums[label] = sums.get(label, 0) + sum(raws[a:b])
-            elif kind in ("policy", "event"):
-                policies = labels.policies
-                rows = [(policies[key], _seconds(raw)) for key, raw in zip(keys, raws[a:b], strict=True)]
-                if kind == "policy":
-                    out.violations = rows
-                else:
-                    out.event_times = rows
-            elif kind == "state":  # unsigned ints
-                states = uints[_UINT_AT + a * _INTS:_UINT_AT + b * _INTS:_INTS].tolist()
-                out.up.append((labels.ids, states.count(_ACTIVE)))
-            elif (replays := uints[_UINT_AT + a * _INTS]) != _NOT_AVAILABLE["I"]:
-                out.replays.append((labels.ids, replays))
-        out.errors += [(labels.link("all", label), total) for label, total in sums.items()]
 
     def _count_failures(self, device: Device, codes: Iterable[int]) -> None:
         for code in codes:
