@@ -87,6 +87,11 @@ def _on(alert: Firing, fault: Truth) -> bool:
     return alert.labels.get("workload") in fault.workloads
 
 
+def _hits(alerts: list[Firing], fault: Truth) -> list[Firing]:
+    """The alerts about the fault (as _on says) that fire within its window."""
+    return [f for f in alerts if _on(f, fault) and f.end >= fault.start and f.start <= fault.end]
+
+
 def score(firing: list[Firing], truth: list[Truth], nodes: list[str], span: float) -> Score:
     alerts = [f for f in firing if f.labels.get("severity") != "info"]
     matched: set[int] = set()
@@ -95,7 +100,7 @@ def score(firing: list[Firing], truth: list[Truth], nodes: list[str], span: floa
         faults = [t for t in truth if t.kind == kind]
         detected, leads, true_alerts = 0, [], 0
         for fault in faults:
-            hits = [f for f in alerts if _on(f, fault) and f.end >= fault.start and f.start <= fault.end]
+            hits = _hits(alerts, fault)
             detecting = [f for f in hits if f.alertname in DETECTS[kind]]
             for f in hits:
                 if f.alertname in DETECTS[kind] or f.alertname in CONSEQUENCES:
@@ -118,8 +123,8 @@ def score(firing: list[Firing], truth: list[Truth], nodes: list[str], span: floa
 
 def first_detection(firing: list[Firing], fault: Truth) -> float | None:
     """Seconds from the fault's onset to its first detecting alert, or None."""
-    starts = [f.start for f in firing if f.labels.get("severity") != "info" and f.alertname in DETECTS[fault.kind]
-              and _on(f, fault) and f.end >= fault.start and f.start <= fault.end]
+    starts = [f.start for f in _hits(firing, fault)
+              if f.labels.get("severity") != "info" and f.alertname in DETECTS[fault.kind]]
     return min(starts) - fault.onset if starts else None
 
 
