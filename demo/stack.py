@@ -109,6 +109,7 @@ class Stack:
                 "--no-collector.systemd"])  # the node's own; and a container may have no systemd
         ticker = threading.Thread(target=self._tick, daemon=True)
         ticker.start()
+        self._exit.callback(self._stop_ticker, ticker)  # before the files it writes go
         self._spawn("alertmanager", [
             "prometheus-alertmanager", f"--config.file={self.workdir / 'alertmanager.yml'}",
             f"--storage.path={self.workdir / 'alertmanager'}",
@@ -173,13 +174,18 @@ class Stack:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if self._procs[name].poll() is not None:
-                raise RuntimeError(f"demo: {name} exited ({self._procs[name].returncode}); "
-                                   f"see {self.workdir}/logs/{name}.log")
+                raise RuntimeError(f"{name} exited ({self._procs[name].returncode}); {self.log_tail(name)}")
             with contextlib.suppress(requests.RequestException):
                 if requests.get(url, timeout=2).ok:
                     return
             time.sleep(0.2)
-        raise RuntimeError(f"demo: {name} not ready after {seconds:.0f} s; see {self.workdir}/logs/{name}.log")
+        raise RuntimeError(f"{name} not ready after {seconds:.0f} s; {self.log_tail(name)}")
+
+    def log_tail(self, name: str, lines: int = 10) -> str:
+        """The end of a process's log, to print: the demo's directory may be gone when it is read."""
+        log = self.workdir / "logs" / f"{name}.log"
+        tail = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else []
+        return f"the end of {log}:\n    " + "\n    ".join(tail) if tail else f"{log} is empty"
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -194,6 +200,10 @@ class Stack:
                     self.say(f"{t:5.0f} s  {node.name}: {event}")
                 node.tick(t, t - last)
             last = t
+
+    def _stop_ticker(self, ticker: threading.Thread) -> None:
+        self._stop.set()
+        ticker.join()
 
     def failed(self) -> list[str]:
         """Processes that exited."""

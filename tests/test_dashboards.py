@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 import yaml
@@ -55,6 +56,42 @@ def selectors(expr: str) -> list[Any]:
     found: list[Any] = []
     promql_parser.walk(promql_parser.parse(expr), lambda n: found.append(n) if isinstance(
         n, promql_parser.VectorSelector) else None)
+    return found
+
+
+def carries(node: Any, label: str) -> bool:
+    """Whether a query's result series carry `label`: an aggregation keeps only what it groups by
+    (topk and bottomk keep every label), a binary operation what its vector sides carry, and
+    every selector here has the node label (test_variables_scope_every_query_to_the_chosen_nodes)."""
+    if isinstance(node, promql_parser.AggregateExpr):
+        if str(node.op) in ("topk", "bottomk"):
+            return carries(node.expr, label)
+        if node.modifier is None:
+            return False
+        grouped = label in node.modifier.labels
+        return grouped if node.modifier.type == promql_parser.AggModifierType.By else \
+            not grouped and carries(node.expr, label)
+    if isinstance(node, promql_parser.VectorSelector | promql_parser.MatrixSelector):
+        return True
+    if isinstance(node, promql_parser.BinaryExpr):
+        return carries(node.lhs, label) or carries(node.rhs, label)
+    if isinstance(node, promql_parser.Call):
+        return any(carries(arg, label) for arg in node.args)
+    if isinstance(node, promql_parser.ParenExpr | promql_parser.UnaryExpr | promql_parser.SubqueryExpr):
+        return carries(node.expr, label)
+    return False  # literals
+
+
+def node_links(board: dict[str, Any], spec: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Panel title -> its data links, for the panels whose series or rows are nodes; the others must have none."""
+    label, found = spec["labels"]["node"], {}
+    for panel in panels(board):
+        links = panel["fieldConfig"]["defaults"].get("links", [])
+        exprs = [dashboards.expand(t["expr"], one_value_each(board), "1m") for t in panel["targets"]]
+        if any(carries(promql_parser.parse(expr), label) for expr in exprs):
+            found[panel["title"]] = links
+        else:
+            assert not links, f"{panel['title']}: its series are no nodes, yet it links to {links}"
     return found
 
 
@@ -136,6 +173,32 @@ def test_every_metric_and_label_exists() -> None:
                     assert labels <= set(specs[sel.name].labels) | target_labels, (query.panel_title, sel)
 
 
+def test_cluster_panels_of_nodes_link_each_node_to_the_node_dashboard() -> None:
+    """The link names a dashboard uid that exists and that dashboard's own node variable, so
+    renaming either without the link fails here; it keeps the time range and the data source."""
+    label = SPEC["labels"]["node"]
+    linked = node_links(BOARDS["gpunode-cluster"], SPEC)
+    assert {"Firing alerts of the rule pack", "GPUs missing or lost", "Checkpoint phase per node"} <= set(linked)
+    unlinked = {p["title"] for p in panels(BOARDS["gpunode-cluster"])} - set(linked)
+    assert {"Xids by NVIDIA's action", "NFS time per request: slot wait against network + server"} <= unlinked
+    for title, links in linked.items():
+        assert len(links) == 1, title
+        url = urlsplit(links[0]["url"])
+        uid = url.path.removeprefix("/d/")
+        assert uid in BOARDS and uid != "gpunode-cluster", (title, url)
+        target = variables(BOARDS[uid])
+        # the target's one-node variable: it lists the node label's values
+        node_var = [n for n, v in target.items() if v["type"] == "query" and v["query"].endswith(f", {label})")]
+        assert len(node_var) == 1 and not target[node_var[0]].get("multi"), target
+        params = dict(parse_qsl(url.query, keep_blank_values=True))
+        panel = next(p for p in panels(BOARDS["gpunode-cluster"]) if p["title"] == title)
+        # a table's row holds the node as a field (its labels are columns), a series as a label
+        value = f"${{__data.fields.{label}}}" if panel["type"] == "table" else f"${{__field.labels.{label}}}"
+        assert params.pop(f"var-{node_var[0]}", None) == value, (title, url)
+        assert params == {"var-datasource": "${datasource}", "${__url_time_range}": ""}, (title, url)
+        assert target["datasource"]["type"] == "datasource"
+
+
 def test_the_alerts_tables_cover_every_alert_of_the_pack() -> None:
     alerts = Lineage.of(SPEC).alerts
     assert alerts and all(re.fullmatch(ALERT_NAMES, name) for name in alerts)
@@ -195,6 +258,11 @@ def test_a_spec_override_reaches_every_query(tmp_path: Path) -> None:
         assert dashboards.panel_queries(board) == dashboards.panel_queries(board, spec)  # render() kept the spec
         with pytest.raises(ValueError, match="rate1m: not a recording rule"):
             dashboards.panel_queries(dict(board))  # read from a file: the shipped spec's rule pack records rate5m
+    # the cluster's links pick the node by the spec's node label
+    linked = node_links(dashboards.render(spec)["gpunode-cluster.json"], spec)
+    assert linked and all([link["url"].split("&")[0] for link in links] in (
+        ["/d/gpunode-node?var-node=${__data.fields.host}"], ["/d/gpunode-node?var-node=${__field.labels.host}"])
+        for links in linked.values()), linked
 
 
 def test_expand_substitutes_as_grafana_does() -> None:

@@ -3,19 +3,29 @@
 Real processes throughout: the exporter on simulated nodes, Debian's node_exporter,
 Prometheus with the rule pack (demo/spec.yaml), Alertmanager with the example config, and
 the webhook receiver. The faulty node's expected alerts must reach the webhook with their
-labels within a bound; nothing else may reach it; the healthy node must stay silent.
+labels within a bound, and the demo then ends; nothing else may reach it; the healthy node
+must stay silent. However `python -m demo` ends, its temporary directory goes with it.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import pytest
 
 from demo import scenario as scenarios
-from demo.__main__ import matches, missing
+from demo.__main__ import POLL_SECONDS, Ending, bound, main, matches, watch
 from demo.stack import DEMO_SPEC, Ports, Stack, missing_tools
 from exporter import dashboards
 from exporter.dashboards.board import DCGM, JOB_PAST, NFS_MOUNT, PFC, expand
@@ -30,35 +40,120 @@ BOUND_SECONDS = 240
 
 # Four healthy peers: the peer scores need precursor.min_peers (5) nodes in a group.
 NODES = ("faulty", "healthy", "healthy", "healthy", "healthy")
+ROOT = Path(__file__).parent.parent
 
 
 def test_the_demo_doc_counts_the_nodes_this_test_runs() -> None:
     healthy = ("no", "one", "two", "three", "four", "five", "six")[NODES.count("healthy")]
-    text = (Path(__file__).parent.parent / "docs" / "demo.md").read_text()
+    text = (ROOT / "docs" / "demo.md").read_text()
     assert f"one `faulty` and {healthy} `healthy` nodes" in text
     assert f"`faulty` beside {healthy} `healthy` nodes" in text
 
 
-@pytest.fixture(scope="module")
-def demo_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def skip_unless_the_demo_can_run() -> None:
     if reason := netns_unavailable():
         pytest.skip(reason)
     if tools := missing_tools():
         pytest.skip(f"not installed: {', '.join(tools)} (scripts/install-deps.sh --test installs them)")
+
+
+def test_a_demo_that_cannot_start_leaves_no_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["--scenario", "no-such-scenario"]) == 2
+    assert list(tmp_path.iterdir()) == []
+    assert main(["--scenario", "no-such-scenario", "--keep"]) == 2
+    assert [p.name[:13] for p in tmp_path.iterdir()] == ["gpunode-demo-"]
+
+
+# `python -m demo` as users run it, on the demo's own ports and addresses: so before the module's
+# stack below starts (pytest runs a module's tests in order), which takes the same addresses.
+def start_demo(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    """The demo, its temporary directory under tmp_path; killed if still running after two minutes."""
+    skip_unless_the_demo_can_run()
+    for port in astuple(Ports()):
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                pytest.skip(f"port {port} is taken: is a demo running?")
+    proc = subprocess.Popen([sys.executable, "-m", "demo", *args], cwd=ROOT, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.daemon = True
+    watchdog.start()
+    return proc
+
+
+def workdir_of(output: str) -> Path:
+    found = re.search(r"files and logs in (\S+)", output)
+    assert found, output
+    return Path(found.group(1))
+
+
+def test_without_expected_alerts_the_demo_runs_its_duration_and_removes_its_directory(tmp_path: Path) -> None:
+    started = time.monotonic()
+    out, _ = start_demo(tmp_path, "--scenario", "healthy", "--duration", "4").communicate(timeout=150)
+    assert out.splitlines()[-1] == "demo: stopped after 4 s; no alert expected", out
+    assert time.monotonic() - started >= 4
+    assert workdir_of(out).parent == tmp_path and list(tmp_path.iterdir()) == [], out
+
+
+def test_sigterm_stops_the_demo_and_removes_its_directory(tmp_path: Path) -> None:
+    demo = start_demo(tmp_path, "--scenario", "healthy", "--duration", "0")
+    assert demo.stdout is not None
+    lines = []
+    for line in demo.stdout:  # up to "Ctrl-C stops": the stack is up
+        lines.append(line)
+        if "Ctrl-C stops" in line:
+            break
+    workdir = workdir_of("".join(lines))
+    assert workdir.is_dir(), "".join(lines)
+    time.sleep(2)  # into the wait for alerts
+    demo.send_signal(signal.SIGTERM)
+    out, _ = demo.communicate(timeout=60)
+    assert demo.returncode == 0, out
+    assert re.fullmatch(r"demo: stopped after \d+ s; no alert expected", out.splitlines()[-1]), out
+    assert not workdir.exists() and list(tmp_path.iterdir()) == []
+
+
+@dataclass(frozen=True)
+class Run:
+    stack: Stack
+    ending: Ending
+    ended_at: float  # time.time() when the demo stopped waiting for alerts
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    skip_unless_the_demo_can_run()
     workdir: Path = tmp_path_factory.mktemp("demo")
     nodes = [scenarios.load(name, workdir) for name in NODES]
     ports = Ports(prometheus=free_port(), alertmanager=free_port(), webhook=free_port())
     with Stack(nodes, workdir, ports) as running:
-        deadline = time.monotonic() + BOUND_SECONDS
-        while missing(running) and time.monotonic() < deadline and not running.failed():
-            time.sleep(1)
-        yield running
+        ending = watch(running)  # as `python -m demo` waits: at most the scenarios' duration
+        yield Run(running, ending, time.time())
 
 
+@pytest.fixture(scope="module")
+def demo_stack(demo_run: Run) -> Stack:
+    return demo_run.stack
 
-def test_expected_alerts_arrive_in_time(demo_stack: Stack) -> None:
-    assert not demo_stack.failed(), f"exited: {demo_stack.failed()}; logs in {demo_stack.workdir}/logs"
-    assert missing(demo_stack) == [], f"not received within {BOUND_SECONDS} s"
+
+def test_expected_alerts_arrive_in_time(demo_run: Run) -> None:
+    stack, ending = demo_run.stack, demo_run.ending
+    assert not ending.exited, f"exited: {ending.exited}; logs in {stack.workdir}/logs"
+    assert ending.missing == [], f"not received within {ending.elapsed:.0f} s"
+    assert ending.elapsed < BOUND_SECONDS
+
+
+def test_the_demo_ends_once_the_expected_alerts_arrived(demo_run: Run) -> None:
+    """Not at its duration: within a poll of the last expected alert's arrival."""
+    stack, ending = demo_run.stack, demo_run.ending
+    assert ending.reason == "arrived", ending
+    assert ending.elapsed < BOUND_SECONDS < bound(stack.scenarios, None)
+    received = stack.webhook.alerts()
+    last = max(min(got.at for got in received if matches(got, want, node.name))
+               for node in stack.nodes for want in node.scenario.expect)
+    assert 0 <= demo_run.ended_at - last < POLL_SECONDS + 2
 
 
 def test_nothing_else_arrives(demo_stack: Stack) -> None:

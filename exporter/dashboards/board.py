@@ -22,7 +22,8 @@ from exporter.dashboards.grafana import expand as expand  # where tests/test_dem
 from exporter.dashboards.promql import EXPORTERS, Lineage, exporter_of
 from exporter.rulepack import selector
 
-DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
+DATASOURCE_VARIABLE, NODE_VARIABLE = "datasource", "node"  # on both dashboards: links carry them over
+DATASOURCE = model.DataSourceRef(type_val="prometheus", uid=f"${{{DATASOURCE_VARIABLE}}}")
 PANEL_HEIGHT = 8
 # One series per gpunode-exporter target: the variables list its jobs, peer groups and nodes.
 BUILD_INFO = "gpunode_exporter_build_info"
@@ -83,7 +84,7 @@ class Board:
         A recording rule gets no exporter selector: its series keep the job of whichever
         exporter fed it (a precursor signal from node_exporter has node_exporter's job)."""
         source = exporter_of(metric)
-        scope = [f'{self.node}=~"$node"']
+        scope = [f'{self.node}=~"${NODE_VARIABLE}"']
         if source == "gpunode":
             scope = ['job=~"$job"', *(f'{label}=~"${label}"' for label in self.peer_labels), *scope]
         if source is None:
@@ -101,7 +102,7 @@ class Board:
     def alerts(self) -> str:
         """The pack's firing alerts. `$node|` also matches an empty label: alerts of a whole peer
         group (CheckpointIntervalTooLong) carry no node and stay in view."""
-        return f'ALERTS{{alertstate="firing", alertname=~"{ALERT_NAMES}", {self.node}=~"$node|"}}'
+        return f'ALERTS{{alertstate="firing", alertname=~"{ALERT_NAMES}", {self.node}=~"${NODE_VARIABLE}|"}}'
 
     def row(self, title: str) -> None:
         self.builder.with_row(gd.Row(title).id(self._take_id()))
@@ -165,6 +166,17 @@ def phases(panel: Builder[Any]) -> Builder[Any]:
                                            for i, (value, (text, color)) in enumerate(PHASES.items())})])
 
 
+def to_node(panel: Builder[Any], node_label: str, node_uid: str) -> Builder[Any]:
+    """A panel of per-node series whose values open their node on the node dashboard (uid
+    node_uid), keeping the time range and data source. A table's row has its node as a field
+    (its query's labels become columns); a series has it as a label."""
+    source = "__data.fields" if isinstance(panel, table.Panel) else "__field.labels"
+    node = f"${{{source}.{node_label}}}"
+    url = (f"/d/{node_uid}?var-{NODE_VARIABLE}={node}&var-{DATASOURCE_VARIABLE}=${{{DATASOURCE_VARIABLE}}}"
+           "&${__url_time_range}")
+    return panel.data_links([gd.DashboardLink(f"{node} on the node dashboard").url(url)])
+
+
 # Every alert of the rule pack (tests/test_dashboards.py checks this covers them).
 ALERT_NAMES = "Gpu.*|Nfs.*|Checkpoint.*"
 
@@ -203,7 +215,7 @@ def variables(spec: dict[str, Any], per_node: bool) -> list[Builder[model.Variab
     number on the cluster dashboard."""
     node = spec["labels"]["node"]
     found: list[Builder[model.VariableModel]] = [
-        gd.DatasourceVariable("datasource").label("Data source").type("prometheus")]
+        gd.DatasourceVariable(DATASOURCE_VARIABLE).label("Data source").type("prometheus")]
 
     def query_variable(name: str, label: str, scope: list[str]) -> gd.QueryVariable:
         values = f"label_values({selector(spec, BUILD_INFO, 'gpunode', *scope)}, {label})"
@@ -217,7 +229,7 @@ def variables(spec: dict[str, Any], per_node: bool) -> list[Builder[model.Variab
         var = query_variable(label, label, list(scope)).multi(True).include_all(True).all_value(".*")
         found.append(var.current(every))
         scope.append(f'{label}=~"${label}"')
-    nodes = query_variable("node", node, scope)
+    nodes = query_variable(NODE_VARIABLE, node, scope)
     if not per_node:  # All lists the nodes, so the job choice reaches every exporter's series
         nodes.multi(True).include_all(True).current(every)
     found.append(nodes)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from grafana_foundation_sdk.cog.builder import Builder
+
 from exporter.dashboards.board import (
     DCGM,
     FAILSLOW_INPUT,
@@ -18,7 +20,9 @@ from exporter.dashboards.board import (
     state_timeline,
     table_panel,
     time_series,
+    to_node,
 )
+from exporter.dashboards.node import UID as NODE_UID
 from exporter.rulepack import duration
 
 TOP = 10  # rows of a top-k table, lines of a top-k graph: a cluster has hundreds of nodes
@@ -29,22 +33,25 @@ def build(b: Board) -> None:
     pre, fs, remap = spec["precursor"], spec["failslow"], spec["remap"]
     by_node = f"{{{{{node}}}}}"  # a legend: the node's name
 
+    def linked(panel: Builder[Any]) -> Builder[Any]:  # per-node series: each opens its node's dashboard
+        return to_node(panel, node, NODE_UID)
+
     b.row("Alerts")
-    b.panel(table_panel(), "Firing alerts of the rule pack",
+    b.panel(linked(table_panel()), "Firing alerts of the rule pack",
             "Alerts of the gpunode rule pack firing now, per node (a peer group's alerts have none): the place "
             "to start. Each alert's runbook is in its runbook_url annotation (docs/runbooks/).", "short",
             [Query(f"sum by (alertname, severity, {node}) ({b.alerts()})")], width=24, instant=True)
 
     b.row("Nodes against their peers")
     score = b.rec("gpunode:precursor_signal:score")
-    b.panel(heatmap_panel(), "Precursor peer scores (largest per node)",
+    b.panel(linked(heatmap_panel()), "Precursor peer scores (largest per node)",
             "Per node, the largest |robust peer score| of its precursor signals: (value - peer median) / "
             f"max(1.4826 MAD, floor). Beyond {pre['score_threshold']} on {pre['min_signals']} signals for "
             f"{duration(pre['continuity'])} fires GpuNodePrecursorMultiSignal ("
             "the Lablup B200 operations report: failing nodes departed "
             "from their ~59 peers before the Xid).", "short",
             [Query(f"max by ({node}) (abs({score}))", by_node)], needs=(PEERS,))
-    b.panel(table_panel(), "Largest precursor scores now",
+    b.panel(linked(table_panel()), "Largest precursor scores now",
             f"The {TOP * 2} node and signal pairs farthest from their peers now; beyond +-{pre['score_threshold']} "
             f"(precursor.score_threshold) a signal deviates, and {pre['min_signals']} deviating signals of one node "
             f"for {duration(pre['continuity'])} fire GpuNodePrecursorMultiSignal. No single signal dominated "
@@ -60,7 +67,7 @@ def build(b: Board) -> None:
             "GpuJobSlowedDown, which lists the cause alerts on the job's nodes.", "percentunit",
             [Query(f"min by (workload) ({jobs})", "{{workload}}")], needs=(FAILSLOW_INPUT, JOB_PAST))
     ratio = b.rec("gpunode:failslow_proxy:ratio_to_peers")
-    b.panel(heatmap_panel(), "Stragglers: slowest GPU's clock and utilization against the job's median",
+    b.panel(linked(heatmap_panel()), "Stragglers: slowest GPU's clock and utilization against the job's median",
             "Per node, the lower of its slowest GPU's SM clock and utilization divided by its job's median. "
             "Waiting peers stay busy at their clocks, so a node below is the one they wait for: a clock "
             f"{fs['clock_fraction']:.0%} low with a throttle reason fires GpuNodeClockThrottled, utilization "
@@ -77,13 +84,13 @@ def build(b: Board) -> None:
             "RESTART_APP. increase() misses the first Xid of a new series (a GPU's first Xid of a code): the "
             "table beside it lists those too.", "short",
             [Query(f"sum by (action) (increase({xids}[$__rate_interval]))", "{{action}}")])
-    b.panel(table_panel(), "Latest Xid per node, GPU and code",
+    b.panel(linked(table_panel()), "Latest Xid per node, GPU and code",
             f"When each node's GPUs last logged each Xid code (the kernel log's time), the {TOP * 5} latest.",
             "dateTimeAsIso", [Query(f"topk({TOP * 5}, {b.q('gpunode_xid_last_event_timestamp_seconds')} * 1000)")],
             instant=True)
 
     b.row("GPUs")
-    b.panel(table_panel(), "GPUs with a row remap pending",
+    b.panel(linked(table_panel()), "GPUs with a row remap pending",
             "GPUs whose remapped rows take effect only at the next GPU reset "
             "(gpunode_gpu_row_remap_pending): reset them at the next drain. GpuRowRemapPending fires after "
             f"{duration(remap['pending_for'])}.", "short",
@@ -93,14 +100,14 @@ def build(b: Board) -> None:
     recent = f"avg_over_time({hourly}[{duration(short)}])"
     before = f"avg_over_time({hourly}[{duration(remap['acceleration_long_window'])}] offset {duration(short)})"
     rows = f"topk({TOP}, {recent} * {short / spec['intervals']['remap_trend']:g} > 0)"
-    b.panel(table_panel(), f"Most correctable remaps in the last {duration(short)}",
+    b.panel(linked(table_panel()), f"Most correctable remaps in the last {duration(short)}",
             f"The {TOP} GPUs with most rows remapped after correctable errors over the short window, and how many "
             "times their rate over the long window before it that is. Above acceleration_factor with at least "
             "acceleration_floor rows fires GpuRowRemapCorrectableAcceleration (gpu124: ~38 to 254 rows in a "
             "week, then lost). Windows from the spec (remap.acceleration_*_window), as the alert uses them.",
             "short", [Query(rows), Query(f"{recent} / {before} and on ({node}, uuid) {rows}")], width=8, instant=True)
     visible = b.q("gpunode_gpus_visible", 'source="nvml"')
-    b.panel(time_series(), "GPUs missing or lost",
+    b.panel(linked(time_series()), "GPUs missing or lost",
             "Per node: GPUs expected (gpu.expected_count) minus those the driver enumerates "
             "(GpuNodeGpuMissing), and GPUs lost: GPU_IS_LOST or config space all-ones, fell off the bus "
             "(GpuDown).", "short",
@@ -117,13 +124,13 @@ def build(b: Board) -> None:
             "NfsBandwidthParadox.", "s",
             [Query(f"avg by (op) ({queue})", "slot wait {{op}}"),
              Query(f"avg by (op) ({rtt})", "network+server {{op}}")])
-    b.panel(table_panel(), "Nodes waiting longest for an RPC slot",
+    b.panel(linked(table_panel()), "Nodes waiting longest for an RPC slot",
             f"The {TOP} node and operation pairs with the longest mean slot wait per request now, beside their "
             "network + server time.", "s",
             [Query(f"topk({TOP}, max by ({node}, op) ({queue}))"),
              Query(f"max by ({node}, op) ({rtt}) and on ({node}, op) topk({TOP}, max by ({node}, op) ({queue}))")],
             width=6, instant=True)
-    b.panel(time_series(), "NFS slot table saturation (highest nodes)",
+    b.panel(linked(time_series()), "NFS slot table saturation (highest nodes)",
             f"The {TOP} nodes whose transports run fullest: mean requests in flight per send over the "
             "transport's slots. Near 1 with a backlog for "
             f"{duration(spec['nfs']['slot_wait_for'])} fires NfsSlotTableSaturated.", "percentunit",
@@ -131,7 +138,7 @@ def build(b: Board) -> None:
             width=6)
 
     b.row("Checkpoints")
-    b.panel(phases(state_timeline()), "Checkpoint phase per node",
+    b.panel(linked(phases(state_timeline())), "Checkpoint phase per node",
             "Training, saving (writing to NFS faster than checkpoint.save_write_bytes) or loading (reading from "
             "NFS with the GPUs idle), as the rule pack classifies each node (after "
             "the Lablup B200 operations report). The nodes of a job "

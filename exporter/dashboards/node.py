@@ -18,6 +18,8 @@ from exporter.dashboards.board import (
 )
 from exporter.rulepack import duration
 
+UID = "gpunode-node"  # the cluster dashboard links here
+
 
 def build(b: Board) -> None:
     spec = b.spec
@@ -165,6 +167,6 @@ def build(b: Board) -> None:
 
 
 def describe(_spec: dict[str, Any]) -> tuple[str, str, str]:
-    return ("gpunode-node", "GPU nodes: node",
+    return (UID, "GPU nodes: node",
             "One GPU node: alerts, GPU memory health, Xids, the checkpoint data path, NFS, the storage network "
             "and checkpoints.")
