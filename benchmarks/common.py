@@ -3,15 +3,27 @@ test, and the exporter processes they start."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import datetime
 import hashlib
 import json
 import os
+import platform
+import shutil
+import signal
+import socket
 import subprocess
+import sysconfig
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import requests
+
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class BenchError(RuntimeError):
@@ -50,6 +62,20 @@ def cpu_model() -> str:
     return ""
 
 
+def machine_info(**extra: Any) -> dict[str, Any]:
+    """The machine a result was measured on; `extra` adds what else it depends on (peers' versions)."""
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "python_version": platform.python_version(),
+        "nproc": os.cpu_count(),
+        "nproc_usable": len(os.sched_getaffinity(0)),
+        "cpu_model": cpu_model(),
+        "kernel": platform.release(),
+        **extra,
+        "loadavg_start": os.getloadavg(),
+    }
+
+
 def cpu_times() -> list[int]:
     """Machine-wide jiffies from /proc/stat: user nice system idle iowait irq softirq steal."""
     return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
@@ -61,6 +87,24 @@ def machine_load(before: list[int], after: list[int]) -> dict[str, float]:
     total = sum(delta) or 1
     return {"busy_pct": round(100 * (total - delta[3] - delta[4]) / total, 1),
             "steal_pct": round(100 * delta[7] / total, 1)}
+
+
+def load_before_run() -> dict[str, float]:
+    """machine_load() over one second before the run: busy CPUs then mean noisy figures."""
+    idle0 = cpu_times()
+    time.sleep(1.0)
+    return machine_load(idle0, cpu_times())
+
+
+def end_of_run(results: dict[str, Any], started: float, cpu_before: list[int], root: Path | None = None) -> None:
+    """What every run records at its end: wall time (from time.monotonic() `started`), the load
+    since cpu_before, the commit again (with `root`) and whether exporter/ changed meanwhile."""
+    results["wall_seconds"] = round(time.monotonic() - started, 1)
+    results["machine"]["during_run"] = machine_load(cpu_before, cpu_times())
+    results["machine"]["loadavg_end"] = os.getloadavg()
+    if root is not None:
+        results["commit_end"] = git_commit(root)
+    results["exporter_source_changed_during_run"] = source_fingerprint() != results["exporter_source_sha256"]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -76,6 +120,11 @@ def summarize(seconds: list[float]) -> dict[str, float]:
     ms = [x * 1000 for x in seconds]
     return {"p50_ms": percentile(ms, 0.50), "p90_ms": percentile(ms, 0.90), "p99_ms": percentile(ms, 0.99),
             "max_ms": max(ms), "min_ms": min(ms), "mean_ms": sum(ms) / len(ms)}
+
+
+def latencies_ms(seconds: list[float]) -> list[float]:
+    """Every latency kept in the results: milliseconds to the microsecond."""
+    return [round(x * 1000, 3) for x in seconds]
 
 
 def slope(xs: list[float], ys: list[float]) -> float:
@@ -172,8 +221,37 @@ def finish(results: dict[str, Any], output: Path, machine: str) -> int:
 
 def free_port() -> int:
     """A currently free loopback port (tiny race with the server's bind; fine here)."""
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def die_with_parent() -> None:
+    """preexec_fn: the child gets SIGKILL when this process dies, however it dies."""
+    _libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def find_ours() -> str:
+    """The gpunode-exporter console script of this Python, not a pyenv shim, so that the
+    process we start is the exporter itself (its CPU and memory are what we read)."""
+    script = Path(sysconfig.get_path("scripts")) / "gpunode-exporter"
+    if script.is_file():
+        return str(script)
+    found = shutil.which("gpunode-exporter")
+    if found is None:
+        raise BenchError("gpunode-exporter not found: pip install -e . first")
+    return found
+
+
+def wait_ready(server: ServerProcess, url: str | None = None, timeout: float = 30.0, pause: float = 0.1) -> None:
+    """Until GET url (default the server's /metrics) answers 2xx, a new connection each time;
+    BenchError if the server exits first or does not answer within timeout seconds."""
+    url = url or server.url
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        server.check_running()
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(url, headers={"Connection": "close"}, timeout=2).ok:
+                return
+        time.sleep(pause)
+    raise BenchError(f"{server.label} did not answer on {url} within {timeout:.0f}s")

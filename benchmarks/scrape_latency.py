@@ -18,10 +18,8 @@ import gzip
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
@@ -34,11 +32,15 @@ from common import (  # benchmarks/ is on sys.path when run as a script
     ServerProcess,
     cpu_model,
     cpu_times,
+    find_ours,
     finish,
+    free_port,
+    latencies_ms,
     machine_load,
     ratio,
     source_fingerprint,
     summarize,
+    wait_ready,
 )
 from make_fixture import write_fixture  # benchmarks/ is on sys.path when run as a script
 
@@ -46,7 +48,6 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "scrape_latency.json"
 NODE_EXPORTER = "prometheus-node-exporter"
 WARMUP = 20
-STARTUP_TIMEOUT = 30.0
 SCRAPE_TIMEOUT = 30.0
 # Prometheus asks for gzip; we ask both for the classic text format so they answer alike.
 ACCEPT = "text/plain;version=0.0.4"
@@ -65,25 +66,6 @@ class Exporter(ServerProcess):
     success_series: str  # its own "collector succeeded" series; its value must be 1
 
 
-def free_port() -> int:
-    """A currently free loopback port (tiny race with the server's bind; fine here)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def find_ours() -> str:
-    """The gpunode-exporter console script of this Python, not a pyenv shim, so that the
-    process we start is the exporter itself (its CPU and memory are what we read)."""
-    script = Path(sysconfig.get_path("scripts")) / "gpunode-exporter"
-    if script.is_file():
-        return str(script)
-    found = shutil.which("gpunode-exporter")
-    if found is None:
-        raise BenchError("gpunode-exporter not found: pip install -e . first")
-    return found
-
-
 def scrape(url: str, encoding: str) -> tuple[float, bytes, str]:
     """One scrape on a fresh connection: (seconds, raw body as sent, Content-Encoding)."""
     headers = {"Accept-Encoding": encoding, "Accept": ACCEPT, "Connection": "close"}
@@ -93,19 +75,6 @@ def scrape(url: str, encoding: str) -> tuple[float, bytes, str]:
         body = resp.raw.read(decode_content=False)
     elapsed = time.perf_counter() - start
     return elapsed, body, resp.headers.get("Content-Encoding", "")
-
-
-def wait_ready(exp: Exporter) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while time.monotonic() < deadline:
-        exp.check_running()
-        try:
-            if requests.get(exp.url, headers={"Connection": "close"}, timeout=2).ok:
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.1)
-    raise BenchError(f"{exp.label} did not answer on {exp.url} within {STARTUP_TIMEOUT:.0f}s")
 
 
 def samples(text: str) -> list[str]:
@@ -328,7 +297,7 @@ def bench(args: argparse.Namespace, fixture: Path, mounts: int, tmpdir: Path) ->
                 "label": exp.label, "argv": exp.argv, "exe": exp.exe(), **info[exp.key],
                 "peak_rss_mib": mem["VmHWM"] / 1024, "rss_end_mib": mem["VmRSS"] / 1024,
                 "rounds": {enc: {**summarize(lat), "cpu_ms_per_scrape": exp.cpu[enc] * 1000,
-                                 "latencies_ms": [round(x * 1000, 3) for x in lat]}
+                                 "latencies_ms": latencies_ms(lat)}
                            for enc, lat in exp.latencies.items()},
             }
     finally:

@@ -14,12 +14,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import rules_eval  # noqa: E402
+from rules_eval_bench import backfill, pack, synthetic  # noqa: E402
 
+from fleet import remote_write  # noqa: E402
 from tests.test_remote_write import _decode  # noqa: E402
 
 
-def _served(fleet: rules_eval.Fleet, now: float) -> dict[str, float]:
+def _served(fleet: synthetic.Fleet, now: float) -> dict[str, float]:
     out = {}
     for line in fleet.render(now).decode().splitlines():
         if not line.startswith("#"):
@@ -34,12 +35,12 @@ def _key(labels: dict[str, str]) -> str:
 
 
 def test_prewritten_samples_are_what_a_scrape_would_have_read() -> None:
-    fleet = rules_eval.Fleet(6, 8, 61, seed=3)
+    fleet = synthetic.Fleet(6, 8, 61, seed=3)
     times = fleet.epoch + np.array([0.0, 437.5, 3600.0, 86_400.0 * 3])
     written: dict[str, list[float]] = {}
     for fam in fleet.families.values():
         labels, values = fleet.matrix(fam, times)
-        request = b"".join(rules_eval.remote_write.encode(labels, values, np.round(times * 1000)))
+        request = b"".join(remote_write.encode(labels, values, np.round(times * 1000)))
         for series_labels, samples in _decode(request):
             written[_key(dict(sorted(series_labels.items())))] = [v for v, _ in samples]
     for i, now in enumerate(times):
@@ -60,7 +61,7 @@ def test_the_fleet_tiers_copies_are_nodes_and_jobs_of_their_own() -> None:
                                            ({"instance": "gpu0002", "job": "gpunode", "signal": "interrupts"}, 2.0)],
         "gpunode_node_workload_info": [({"instance": "gpu0001", "job": "gpunode", "workload": "train-1",
                                          "source": "slurm"}, 1.0)]}}
-    fleet = rules_eval.Recordings(snapshot, 6)
+    fleet = synthetic.Recordings(snapshot, 6)
     assert fleet.copies == 3 and fleet.series == 9
     now = time.time()
     served = _served(fleet, now)
@@ -92,8 +93,8 @@ def test_recorded_history_is_written_once_per_series() -> None:
 
     backend, written = Backend(), {}
     plan = {"m": {"tier": "recorded", "step_s": 300.0, "span_s": 3600.0}}
-    first = rules_eval.do_backfill(backend, plan, "recorded", 1000.0, written)  # type: ignore[arg-type]
-    second = rules_eval.do_backfill(backend, plan, "recorded", 1000.0, written)  # type: ignore[arg-type]
+    first = backfill.do_backfill(backend, plan, "recorded", 1000.0, written)  # type: ignore[arg-type]
+    second = backfill.do_backfill(backend, plan, "recorded", 1000.0, written)  # type: ignore[arg-type]
     assert (first["m"]["series"], second["m"]["series"]) == (1, 1)
     assert [[labels["instance"] for labels in batch] for batch in backend.written] == [["a"], ["b"]]
     assert len(written["m"]) == 2
@@ -106,20 +107,20 @@ def test_recorded_history_is_taken_from_a_range_clear_of_the_rules_first_minutes
     evaluation."""
     import argparse
 
-    reads, recorded, recorded_from, bad = rules_eval.rule_reads("vmalert", 30.0)
+    reads, recorded, recorded_from, bad = pack.rule_reads("vmalert", 30.0)
     assert not bad
     for median in ("gpunode:failslow_proxy:interval_median", "gpunode:failslow_job:interval_median"):
         assert recorded_from[median] == 300.0  # in_peer_group[5m], peer_median[5m]
     for max_group_interval, run_step in ((60.0, 30.0), (300.0, 300.0)):  # the whole pack; the fleet tier
         args = argparse.Namespace(warmup=300.0, backfill_days=0, scrape_interval=15.0, eval_interval=30.0,
                                   max_group_interval=max_group_interval)
-        args.warmup = rules_eval.warmup_for_recorded_history(reads, recorded, recorded_from, args)
-        plan = rules_eval.backfill_plan(reads, recorded, args, recorded_from)
+        args.warmup = backfill.warmup_for_recorded_history(reads, recorded, recorded_from, args)
+        plan = backfill.backfill_plan(reads, recorded, args, recorded_from)
         median = plan["gpunode:failslow_proxy:interval_median"]
         assert median["tier"] == "recorded" and median["run_step_s"] == run_step
         assert plan["gpunode:failslow_job:interval_median"]["tier"] == "recorded"
-        due = rules_eval.recorded_backfill_after(plan)
+        due = backfill.recorded_backfill_after(plan)
         # The group runs at least once in (due - a step, due]: its range starts after the settling...
-        assert due - 15 - max(60.0, run_step) - median["reads_s"] >= rules_eval.RULES_SETTLE_SECONDS
+        assert due - 15 - max(60.0, run_step) - median["reads_s"] >= backfill.RULES_SETTLE_SECONDS
         # ... and the baseline reading the history runs again before the measurement.
         assert args.warmup >= due + max(60.0, run_step)
