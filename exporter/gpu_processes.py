@@ -21,6 +21,11 @@ again when it disappears: the parent's own counter now holds it.
 PIDs are recognised by (pid, start time), so a reused PID is a new process.
 I/O between a process's last scrape and its exit is not seen (no eBPF here).
 
+psutil reads a GPU process's identity and io: one psutil.Process per GPU process, kept while it
+lives. A process's start time and parent, when first seen, are read here from its stat:
+psutil's create_time() reads <procfs>/stat for the boot time, which costs milliseconds on a
+node with thousands of interrupts, and its ppid() reads stat twice more.
+
 A GPU process's device minors (N of /dev/nvidiaN) and its workload identity (cgroup,
 allow-listed environment: exporter/workload.py) are read once, when it is classified.
 """
@@ -31,16 +36,28 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
-from exporter.procfs.pid import IO, PidFileError, Stat, parse_io, parse_stat, parse_uptime
+import psutil
+
+from exporter.procfs.pid import IO, PidFileError, Stat, parse_stat, parse_uptime
 from exporter.workload import Identity, Reader
 
 log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
 _GPU_DEVICE = re.compile(r"/dev/nvidia([0-9]{1,4})")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_U64 = 1 << 64
+# psutil defines io_counters() only where its own /proc/PID/io exists (CONFIG_TASK_IO_ACCOUNTING).
+_HAS_IO = hasattr(psutil.Process, "io_counters")
+# What psutil lets through from a file no kernel writes: int() of a word that is no number, a stat
+# cut short, an empty io (RuntimeError).
+_MALFORMED = (ValueError, IndexError, OverflowError, RuntimeError)
 
 
 @dataclass
@@ -50,6 +67,7 @@ class _Process:
     gpu: bool = False
     fd_count: int = -1  # when last classified (-1 unknown); a young process is re-checked when it changes
     checked_in: int = 0  # the scan that last classified it
+    handle: psutil.Process | None = None  # GPU processes only: psutil reads their identity and io
     io: IO | None = None  # last read, GPU processes only
     io_denied: bool = False
     minors: frozenset[int] = frozenset()  # the /dev/nvidiaN it holds
@@ -97,6 +115,10 @@ class ProcessTracker:
         self.parse_errors = 0  # stat or io files not in the kernel's format, on every read that saw one
 
     def scan(self) -> Snapshot:
+        with _procfs(self._root):
+            return self._scan()
+
+    def _scan(self) -> Snapshot:
         # The first scan checks everything (~0.3 ms a process): counts are right from the start.
         self._scans += 1
         deadline = time.perf_counter() + (self.check_budget if self._scans > 1 else float("inf"))
@@ -104,8 +126,7 @@ class ProcessTracker:
         for pid in sorted(self._procs.keys() - pids):
             self._retire(pid, pids)
         for pid, proc in list(self._gpu.items()):  # GPU processes: still the same process?
-            stat = self._stat(pid)
-            if stat is None or stat.start_ticks != proc.start_ticks:  # exited, or PID reused
+            if not self._running(pid, proc):  # exited, or PID reused
                 self._retire(pid, pids - {pid})
         # New processes, newest PIDs first (trainers rather than daemons), then young ones whose
         # fds changed; at least one check per scrape, so a tiny budget still makes progress.
@@ -182,7 +203,7 @@ class ProcessTracker:
             self._parse_error(pid, err)
             return None
 
-    def _parse_error(self, pid: int, err: PidFileError) -> None:
+    def _parse_error(self, pid: int, err: Exception) -> None:
         self.parse_errors += 1
         log.debug("/proc/%d: %s", pid, err)
 
@@ -218,23 +239,44 @@ class ProcessTracker:
             return  # exited while listed
         finally:
             os.close(fd_dir)
-        if minors:
-            proc.gpu, proc.minors = True, frozenset(minors)
+        if minors and (handle := self._handle(pid)) is not None:
+            proc.gpu, proc.minors, proc.handle = True, frozenset(minors), handle
             self._gpu[pid] = proc
             if self.workload is not None:
                 identity, denied = self.workload.identify(pid)
                 proc.identity, proc.identity_denied = identity, frozenset(denied)
 
-    def _read_io(self, pid: int, proc: _Process) -> None:
+    def _handle(self, pid: int) -> psutil.Process | None:
+        """psutil's handle on the process, which holds its (pid, start time); None if it is gone."""
+        return self._from_stat(pid, lambda: psutil.Process(pid), None)
+
+    def _running(self, pid: int, proc: _Process) -> bool:
+        """Whether the GPU process is still the one classified: psutil reads stat again and compares
+        the start time (a stat we may not read counts as gone, as it does for is_running())."""
+        handle = proc.handle
+        return handle is not None and self._from_stat(pid, handle.is_running, False)
+
+    def _from_stat(self, pid: int, read: Callable[[], _T], gone: _T) -> _T:
+        """What psutil reads from stat, or `gone` for a process that went or a stat no kernel wrote."""
         try:
-            with open(f"{self._root}/{pid}/io", "rb") as f:
-                io = parse_io(f.read())
-        except PermissionError:
+            return read()
+        except _MALFORMED as err:
+            self._parse_error(pid, err)
+        except (psutil.Error, OSError):
+            pass
+        return gone
+
+    def _read_io(self, pid: int, proc: _Process) -> None:
+        if not _HAS_IO or proc.handle is None:
+            return
+        try:
+            io = _io(proc.handle)
+        except psutil.AccessDenied:
             proc.io_denied = True
             return
-        except OSError:
+        except (psutil.NoSuchProcess, OSError):  # a zombie is a NoSuchProcess too
             return  # exited meanwhile: its last value stands
-        except PidFileError as err:
+        except _MALFORMED as err:  # PidFileError is a ValueError
             self._parse_error(pid, err)
             return
         proc.io_denied = False
@@ -256,3 +298,24 @@ def _stat_counts_fds(root: str) -> bool:
     except OSError:
         return False
     return size > 0 and abs(listed - size) <= 1
+
+
+def _io(handle: psutil.Process) -> IO:
+    """/proc/PID/io as psutil reads it. Its int() also takes numbers no kernel prints ("-12", 400
+    digits): a counter outside u64 is refused, so totals never go back or overflow."""
+    counters = handle.io_counters()
+    io = IO(counters.read_chars, counters.write_chars, counters.read_count, counters.write_count)
+    if not all(0 <= value < _U64 for value in (io.rchar, io.wchar, io.syscr, io.syscw)):
+        raise PidFileError(f"io: a counter no kernel prints: {io}")
+    return io
+
+
+@contextmanager
+def _procfs(root: str) -> Iterator[None]:
+    """psutil reads the procfs a module global names (is_running() makes a new Process from it):
+    ours while scanning, as it was afterwards (tests scan other trees in the same process)."""
+    saved, psutil.PROCFS_PATH = psutil.PROCFS_PATH, root
+    try:
+        yield
+    finally:
+        psutil.PROCFS_PATH = saved

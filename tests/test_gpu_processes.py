@@ -8,16 +8,18 @@ namespace gives the test process a /dev/nvidia0).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from exporter.gpu_processes import ProcessTracker
-from exporter.procfs.pid import IO, PidFileError, parse_io, parse_stat, parse_usage
+from exporter.procfs.pid import IO, PidFileError, parse_stat
 from tests.fakeproc import IO_TEXT, STAT, FakeProc
 
 
@@ -26,28 +28,39 @@ def proc(tmp_path: Path) -> FakeProc:
     return FakeProc(tmp_path)
 
 
-def test_parsers_on_real_formats() -> None:
+def test_stat_parser_on_the_real_format() -> None:
     stat = parse_stat(STAT.format(pid=77, ppid=12, start=98765).encode())
     assert (stat.ppid, stat.start_ticks) == (12, 98765)  # comm with spaces and parentheses
-    assert parse_io(IO_TEXT.format(1, 2, 3, 4).encode()) == IO(1, 2, 3, 4)
     with pytest.raises(PidFileError):
         parse_stat(b"77 (cut")
-    with pytest.raises(PidFileError):
-        parse_io(b"rchar: 1\nwchar: x\n")
-
-
-def test_usage_of_a_real_stat_line() -> None:
-    usage = parse_usage(STAT.format(pid=77, ppid=12, start=98765).encode())
-    # utime 4 + stime 1 ticks; vsize 16965632 bytes; rss 3380 pages.
-    assert (usage.cpu_ticks, usage.start_ticks, usage.virtual_bytes, usage.resident_pages) == (5, 98765, 16965632, 3380)
 
 
 @pytest.mark.parametrize("bad", [b"-12", b"+12", b"1_2", "\u0661\u0662".encode(), b"9" * 400])
-def test_stat_and_io_numbers_are_the_kernels(bad: bytes) -> None:
+def test_stat_numbers_are_the_kernels(bad: bytes) -> None:
     with pytest.raises(PidFileError):
         parse_stat(STAT.format(pid=77, ppid=12, start=98765).encode().replace(b" 12 ", b" " + bad + b" ", 1))
-    with pytest.raises(PidFileError):
-        parse_io(IO_TEXT.format(1, 2, 3, 4).encode().replace(b"rchar: 1", b"rchar: " + bad))
+
+
+# psutil reads io with int(), which takes "+1" (and "1_2") as the number; what no counter can be
+# (negative, past u64, no number, a line missing) is a parse error, that process alone uncounted.
+@pytest.mark.parametrize(("io", "counted"), [
+    (IO_TEXT.format(1, 2, 3, 4), 1),
+    (IO_TEXT.format("+1", 2, 3, 4), 1),
+    (IO_TEXT.format("-12", 2, 3, 4), None),
+    (IO_TEXT.format("9" * 400, 2, 3, 4), None),
+    (IO_TEXT.format(1 << 64, 2, 3, 4), None),
+    (IO_TEXT.format("\u0661\u0662", 2, 3, 4), None),
+    (IO_TEXT.format("x", 2, 3, 4), None),
+    (IO_TEXT.format(1, 2, 3, 4).replace("write_bytes: 0\n", ""), None),
+    ("", None),
+])
+def test_io_numbers_no_kernel_prints_cost_that_process_alone(proc: FakeProc, io: str, counted: int | None) -> None:
+    proc.spawn(10, gpu=True, io=(1000, 0, 0, 0))
+    proc.spawn(11, gpu=True)
+    (proc.root / "11" / "io").write_text(io)
+    snap = ProcessTracker(proc.root).scan()
+    assert (snap.processes, snap.totals.rchar) == (2, 1000 + (counted or 0))
+    assert snap.parse_errors == (counted is None)
 
 
 def test_a_name_that_is_not_utf8_costs_nothing() -> None:
@@ -208,6 +221,64 @@ def test_denied_io_is_reported_not_raised(proc: FakeProc, monkeypatch: pytest.Mo
     assert (snap.processes, snap.io_denied, snap.totals.rchar) == (2, 1, 1000)
 
 
+# What psutil raises for a process that went, a zombie, a file denied or no kernel's: that process alone.
+@pytest.mark.parametrize(("error", "outcome"), [
+    (psutil.NoSuchProcess(11), "kept"),
+    (psutil.ZombieProcess(11), "kept"),
+    (psutil.AccessDenied(11), "denied"),
+    (OSError(5, "Input/output error"), "kept"),
+    (ValueError("invalid literal for int()"), "parse error"),
+    (IndexError("list index out of range"), "parse error"),
+    (RuntimeError("/proc/11/io file was empty"), "parse error"),
+])
+def test_what_psutil_raises_reading_io(proc: FakeProc, monkeypatch: pytest.MonkeyPatch, error: Exception,
+                                       outcome: str) -> None:
+    proc.spawn(10, gpu=True, io=(1000, 0, 0, 0))
+    proc.spawn(11, gpu=True, io=(5, 0, 0, 0))
+    tracker = ProcessTracker(proc.root)
+    assert tracker.scan().totals.rchar == 1005
+    real = psutil.Process.io_counters
+
+    def failing(self: psutil.Process) -> object:
+        if self.pid == 11:
+            raise error
+        return real(self)
+
+    monkeypatch.setattr(psutil.Process, "io_counters", failing)
+    proc.set_io(10, 2000, 0, 0, 0)
+    snap = tracker.scan()
+    assert (snap.processes, snap.totals.rchar) == (2, 2005)  # 11's last value stands
+    assert (snap.io_denied, snap.parse_errors) == (outcome == "denied", outcome == "parse error")
+
+
+@pytest.mark.parametrize("stat", [
+    b"", b"11 (cut", b"11 (x) S 1" + b" 0" * 17 + b" 98765 0 0\n",  # psutil wants field 39 (cpu)
+    *(STAT.format(pid=11, ppid=1, start=start).encode() for start in ("x", "nan", "-5", "9" * 400)),
+])
+def test_a_gpu_processs_stat_gone_bad_retires_it_alone(proc: FakeProc, stat: bytes) -> None:
+    proc.spawn(10, gpu=True, io=(1000, 0, 0, 0))
+    proc.spawn(11, gpu=True, io=(5, 0, 0, 0))
+    tracker = ProcessTracker(proc.root)
+    tracker.scan()
+    (proc.root / "11" / "stat").write_bytes(stat)
+    snap = tracker.scan()
+    assert (snap.processes, snap.totals.rchar) == (1, 1005)  # gone, its last value kept
+    assert snap.parse_errors >= 1  # psutil's reading, or ours of the PID listed again
+
+
+def test_psutil_reads_the_trackers_procfs_and_it_alone(tmp_path: Path) -> None:
+    """psutil takes procfs from a module global: each tracker's while it scans, untouched after."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first, second = FakeProc(tmp_path / "a"), FakeProc(tmp_path / "b")
+    first.spawn(10, gpu=True, io=(1, 0, 0, 0))
+    second.spawn(10, gpu=True, io=(2, 0, 0, 0), start_s=500)
+    trackers, before = (ProcessTracker(first.root), ProcessTracker(second.root)), psutil.PROCFS_PATH
+    for _ in range(2):
+        assert [t.scan().totals.rchar for t in trackers] == [1, 2]  # same PID, each its own start time
+    assert before == psutil.PROCFS_PATH
+
+
 # --- the real kernel ---------------------------------------------------------------------------
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
@@ -252,17 +323,17 @@ def test_real_processes_and_reaping(tmp_path: Path) -> None:
         worker = int(trainer.stdout.readline())
         pid = _child_python(trainer.pid)
         tracker = ProcessTracker(Path("/proc"), rescan_young_seconds=0)
-        _wait(lambda: parse_io(Path(f"/proc/{worker}/io").read_bytes()).rchar >= 3 << 20)
+        _wait(lambda: _rchar(worker) >= 3 << 20)
         before = tracker.scan()
         assert before.processes >= 2  # the trainer and its worker (and nothing else here uses /dev/nvidia0)
-        mine = {p: parse_io(Path(f"/proc/{p}/io").read_bytes()) for p in (pid, worker)}
-        assert mine[worker].rchar >= 3 << 20 and mine[pid].rchar >= 2 << 20
+        mine = {p: _rchar(p) for p in (pid, worker)}
+        assert mine[worker] >= 3 << 20 and mine[pid] >= 2 << 20
         trainer.stdin.write("\n")  # the worker exits and is reaped
         trainer.stdin.flush()
         assert trainer.stdout.readline().strip() == "reaped"
         after = tracker.scan()
         # The worker's reads now show in the trainer's own io (kernel's wait_task_zombie)...
-        assert parse_io(Path(f"/proc/{pid}/io").read_bytes()).rchar >= mine[pid].rchar + mine[worker].rchar
+        assert _rchar(pid) >= mine[pid] + mine[worker]
         # ...and our total counted them once: it grew by less than the worker's 3 MiB again.
         assert before.totals.rchar <= after.totals.rchar < before.totals.rchar + (3 << 20)
         assert after.processes == before.processes - 1
@@ -317,6 +388,13 @@ def test_unprivileged_reader_is_told_so(tmp_path: Path) -> None:
         holder.wait(timeout=10)
     processes, denied = map(int, out.stdout.split())
     assert processes == 0 and denied > 0
+
+
+def _rchar(pid: int) -> int:
+    """The kernel's count, read apart from psutil's reading of it."""
+    match = re.search(rb"^rchar: ([0-9]+)$", Path(f"/proc/{pid}/io").read_bytes(), re.MULTILINE)
+    assert match
+    return int(match.group(1))
 
 
 def _child_python(sh_pid: int) -> int:

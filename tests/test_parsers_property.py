@@ -25,12 +25,15 @@ from exporter import numbers, rulepack, webconfig
 from exporter.collector import gpu_straggler
 from exporter.config import ConfigError
 from exporter.ethtool import pfc_pause_frames
+from exporter.gpu_processes import ProcessTracker
 from exporter.kmsg import parse_record
 from exporter.nvml import Device, GPULostError, Session
 from exporter.procfs import cgroup, mountinfo, mountstats, pid
+from exporter.procfs.pid import IO
 from exporter.sysfs import net
 from exporter.xid import state as statefile
 from exporter.xid.parse import parse_xid
+from tests.fakeproc import STAT, FakeProc
 
 EXAMPLES = 300
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -264,27 +267,52 @@ def test_proc_stat(data: st.DataObject) -> None:
     for i in data.draw(st.lists(st.integers(0, len(words) - 1), max_size=3)):
         words[i] = data.draw(st.one_of(WEIRD_NUMBERS.map(str.encode), st.binary(max_size=12)))
     try:
-        usage = pid.parse_usage(b" ".join(words))
-        assert all(_in_u64(v) for v in (usage.start_ticks, usage.virtual_bytes, usage.resident_pages))
-        assert 0 <= usage.cpu_ticks < 2 ** 65
-    except pid.PidFileError:
-        pass
-    try:
         stat = pid.parse_stat(b" ".join(words))
     except pid.PidFileError:
         return
     assert _in_u64(stat.ppid) and _in_u64(stat.start_ticks)
 
 
+_IO_KEYS = (b"rchar", b"wchar", b"syscr", b"syscw", b"read_bytes", b"write_bytes", b"cancelled_write_bytes")
+_IO_VALUES = st.one_of(st.just(b"7"), WEIRD_NUMBERS.map(str.encode), st.binary(max_size=10))
+
+
+def _io_file(data: st.DataObject) -> bytes:
+    """/proc/PID/io with hostile values and maybe a line left out; now and then any bytes."""
+    if data.draw(st.integers(0, 3)) == 0:
+        return data.draw(st.binary(max_size=300))
+    lines = [key + b": " + data.draw(_IO_VALUES) + b"\n" for key in _IO_KEYS]
+    dropped = data.draw(st.sets(st.integers(0, len(lines) - 1), max_size=1))
+    return b"".join(line for i, line in enumerate(lines) if i not in dropped)
+
+
+def _stat_file(data: st.DataObject) -> bytes:
+    words = STAT.format(pid=11, ppid=1, start=9).encode().split(b" ")
+    for i in data.draw(st.lists(st.integers(0, len(words) - 1), max_size=3)):
+        words[i] = data.draw(st.one_of(WEIRD_NUMBERS.map(str.encode), st.binary(max_size=12)))
+    return b" ".join(words) if data.draw(st.booleans()) else data.draw(st.binary(max_size=300))
+
+
 @SETTINGS
-@given(st.lists(st.tuples(st.sampled_from([b"rchar", b"wchar", b"syscr", b"syscw", b"read_bytes", b"x"]),
-                          st.one_of(WEIRD_NUMBERS.map(str.encode), st.binary(max_size=10))), max_size=8))
-def test_proc_io(lines: list[tuple[bytes, bytes]]) -> None:
-    try:
-        io = pid.parse_io(b"".join(k + b": " + v + b"\n" for k, v in lines))
-    except pid.PidFileError:
-        return
-    assert all(map(_in_u64, (io.rchar, io.wchar, io.syscr, io.syscw)))
+@given(st.data())
+def test_gpu_process_stat_and_io_as_psutil_reads_them(data: st.DataObject) -> None:
+    """A GPU process's stat and io, hostile, read by psutil through the tracker on a procfs tree:
+    no scan raises, its neighbour still counts, no counter goes negative or past u64, totals never go back."""
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = FakeProc(Path(tmp))
+        proc.spawn(10, gpu=True, io=(1000, 100, 10, 1))
+        proc.spawn(11, gpu=True, io=(7, 7, 7, 7))
+        tracker = ProcessTracker(proc.root)
+        last = IO()
+        for _ in range(3):
+            (proc.root / "11" / "io").write_bytes(_io_file(data))
+            if data.draw(st.booleans()):
+                (proc.root / "11" / "stat").write_bytes(_stat_file(data))
+            totals = tracker.scan().totals
+            for io in [p.io for p in tracker._gpu.values() if p.io is not None]:
+                assert all(map(_in_u64, (io.rchar, io.wchar, io.syscr, io.syscw))), io
+            assert totals.rchar >= 1000 and totals == totals.at_least(last)
+            last = totals
 
 
 @SETTINGS
