@@ -8,34 +8,44 @@ Three servers are scraped in turn with gzip, each over one kept-alive connection
 from one client port), then again with a new connection for each scrape:
 
 - ours: every default collector over the reference node (8 simulated GPUs, 4 NFSv4.2 mounts
-  with nconnect=8, 4 RDMA NICs, 2,000 processes);
+  with nconnect=8, 4 RDMA NICs, 2,000 processes), over HTTP, and a second instance over HTTPS with
+  basic auth (a web config as docs/install.md shows: TLS 1.2+, a bcrypt password);
 - node_exporter: its default collectors on this machine (what a node's node_exporter costs);
 - dcgm-sized: node_exporter's textfile collector alone, serving as many GPU series as
   dcgm-exporter's default field list gives for 8 GPUs (the cost of serving that much text).
 
-Target: ours under 5 ms at the median over a kept-alive connection. Results:
-benchmarks/results/reference_scrape.json.
+Targets: ours under 5 ms at the median over a kept-alive connection; ours at most 40 MiB at its peak
+(VmHWM) with TLS and basic auth off and on. Results: benchmarks/results/reference_scrape.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import gzip
 import http.client
 import json
+import ssl
 import sys
 import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import bcrypt
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import ServerProcess, free_port, git_commit, percentile
 from reference_node import hold_kmsg_open, write_reference_node
+
+from tests import tlscerts
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "reference_scrape.json"
 TARGET_P50_SECONDS = 0.005
+TARGET_PEAK_MIB = 40
+USER, PASSWORD = "prometheus", "a benchmark's password"
 # dcgm-exporter's default counters (etc/default-counters.csv): about 40 per GPU with its labels.
 DCGM_FIELDS_PER_GPU, GPUS = 40, 8
 
@@ -52,39 +62,49 @@ def _dcgm_sized(directory: Path) -> None:
     (directory / "dcgm.prom").write_text("".join(lines))
 
 
-def _get(conn: http.client.HTTPConnection, path: str, close: bool) -> tuple[float, int]:
+class Target:
+    """How to reach one server: plain HTTP, or HTTPS (trusting the throwaway CA) with basic auth."""
+
+    def __init__(self, url: str, tls: ssl.SSLContext | None = None, auth: str = "") -> None:
+        parts = urlsplit(url)
+        self.host, self.port, self.path = parts.hostname or "127.0.0.1", parts.port, parts.path
+        self.tls, self.auth = tls, auth
+
+    def connect(self) -> http.client.HTTPConnection:
+        if self.tls is not None:
+            return http.client.HTTPSConnection(self.host, self.port, timeout=30, context=self.tls)
+        return http.client.HTTPConnection(self.host, self.port, timeout=30)
+
+
+def _get(conn: http.client.HTTPConnection, target: Target, close: bool) -> tuple[float, int]:
     """One scrape, timed from sending the request to the last byte of the (gzip) body, as Prometheus'
     own client reads it; no decompression or decoding in the timer."""
     headers = {"Accept-Encoding": "gzip", "Accept": "text/plain;version=0.0.4"}
+    if target.auth:
+        headers["Authorization"] = target.auth
     if close:
         headers["Connection"] = "close"
     start = time.perf_counter()
-    conn.request("GET", path, headers=headers)
+    conn.request("GET", target.path, headers=headers)
     resp = conn.getresponse()
     body = resp.read()
     seconds = time.perf_counter() - start
     if resp.status != 200:
-        raise http.client.HTTPException(f"{path}: HTTP {resp.status}")
+        raise http.client.HTTPException(f"{target.path}: HTTP {resp.status}")
     if resp.getheader("Content-Encoding") == "gzip":
         body = gzip.decompress(body)
     return seconds, sum(1 for line in body.splitlines() if line and line[:1] != b"#")
 
 
-def _scrape(url: str) -> tuple[float, int]:
-    """One scrape on a new connection, timed from connecting."""
-    parts = urlsplit(url)
+def _scrape(target: Target) -> tuple[float, int]:
+    """One scrape on a new connection, timed from connecting (and the TLS handshake)."""
     start = time.perf_counter()
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    conn = target.connect()
     try:
-        _, series = _get(conn, parts.path, close=True)
+        _, series = _get(conn, target, close=True)
         return time.perf_counter() - start, series
     finally:
         conn.close()
-
-
-def _keep_alive(url: str) -> tuple[http.client.HTTPConnection, str]:
-    parts = urlsplit(url)
-    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=30), parts.path
 
 
 def _stats(times: list[float]) -> dict[str, float]:
@@ -92,15 +112,15 @@ def _stats(times: list[float]) -> dict[str, float]:
             "p99_seconds": percentile(times, 0.99)}
 
 
-def _measure(servers: list[ServerProcess], scrapes: int) -> tuple[dict[str, list[float]], dict[str, list[float]],
-                                                                  dict[str, int]]:
+def _measure(servers: list[ServerProcess], targets: dict[str, Target], scrapes: int
+             ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, int]]:
     """Kept-alive scrapes of each server in turn, then as many on a new connection each."""
     for server in servers:
         deadline = time.monotonic() + 30
         while True:
             server.check_running()
             try:
-                _scrape(server.url)
+                _scrape(targets[server.key])
                 break
             except ConnectionError:
                 if time.monotonic() > deadline:
@@ -108,21 +128,33 @@ def _measure(servers: list[ServerProcess], scrapes: int) -> tuple[dict[str, list
                 time.sleep(0.1)
     for _ in range(20):  # warm up: the first scrapes check every process for GPU use
         for server in servers:
-            _scrape(server.url)
-    conns = {s.key: _keep_alive(s.url) for s in servers}
+            _scrape(targets[server.key])
+    conns = {s.key: targets[s.key].connect() for s in servers}
     times: dict[str, list[float]] = {s.key: [] for s in servers}
     fresh: dict[str, list[float]] = {s.key: [] for s in servers}
     series: dict[str, int] = {}
     for _ in range(scrapes):
         for server in servers:  # in turn, so a busy moment of the machine costs each alike
-            seconds, series[server.key] = _get(*conns[server.key], close=False)
+            seconds, series[server.key] = _get(conns[server.key], targets[server.key], close=False)
             times[server.key].append(seconds)
     for _ in range(scrapes):
         for server in servers:
-            fresh[server.key].append(_scrape(server.url)[0])
-    for conn, _ in conns.values():
+            fresh[server.key].append(_scrape(targets[server.key])[0])
+    for conn in conns.values():
         conn.close()
     return times, fresh, series
+
+
+def _tls_and_basic_auth(directory: Path) -> tuple[Path, Target]:
+    """A web config with TLS and one bcrypt user (cost 10, htpasswd -B's default), and how to reach it."""
+    tlscerts.make(directory)
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(10)).decode()
+    config = directory / "web.yml"
+    config.write_text(f"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+                      f"  min_version: TLS12\nbasic_auth_users:\n  {USER}: '{hashed}'\n")
+    context = ssl.create_default_context(cafile=str(directory / "ca.crt"))
+    auth = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    return config, Target("https://127.0.0.1/metrics", context, auth)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,11 +167,17 @@ def main(argv: list[str] | None = None) -> int:
         flags = write_reference_node(tmpdir / "node")
         (tmpdir / "textfile").mkdir()
         _dcgm_sized(tmpdir / "textfile")
-        ports = [free_port() for _ in range(3)]
+        ports = [free_port() for _ in range(4)]
+        (tmpdir / "tls").mkdir()
+        web_config, tls_target = _tls_and_basic_auth(tmpdir / "tls")
         servers = [
             ServerProcess(key="ours", label="gpunode-exporter (reference node)", port=ports[0], log=tmpdir / "ours.log",
                           argv=[sys.executable, "-m", "exporter", *flags,
                                 "--web.listen-address", f"127.0.0.1:{ports[0]}"]),
+            ServerProcess(key="ours_tls", label="gpunode-exporter, TLS and basic auth", port=ports[3],
+                          log=tmpdir / "ours_tls.log",
+                          argv=[sys.executable, "-m", "exporter", *flags, "--web.config.file", str(web_config),
+                                "--web.listen-address", f"127.0.0.1:{ports[3]}"]),
             ServerProcess(key="node", label="node_exporter (defaults, this machine)", port=ports[1],
                           log=tmpdir / "node.log",
                           argv=["prometheus-node-exporter", f"--web.listen-address=127.0.0.1:{ports[1]}"]),
@@ -149,18 +187,24 @@ def main(argv: list[str] | None = None) -> int:
                                 f"--collector.textfile.directory={tmpdir / 'textfile'}",
                                 f"--web.listen-address=127.0.0.1:{ports[2]}"]),
         ]
+        targets = {s.key: Target(s.url) for s in servers}
+        tls_target.port = ports[3]
+        targets["ours_tls"] = tls_target
         with hold_kmsg_open(tmpdir / "node"):
             for server in servers:
                 server.start()
             try:
-                times, fresh, series = _measure(servers, args.scrapes)
+                times, fresh, series = _measure(servers, targets, args.scrapes)
+                memory = {s.key: s.memory_kib() for s in servers}
             finally:
                 for server in servers:
                     server.stop()
     result = {
-        "scrapes": args.scrapes, "target_p50_seconds": TARGET_P50_SECONDS, "git": git_commit(ROOT),
+        "scrapes": args.scrapes, "target_p50_seconds": TARGET_P50_SECONDS, "target_peak_mib": TARGET_PEAK_MIB,
+        "git": git_commit(ROOT),
         "servers": {s.key: {"label": s.label, "series": series[s.key], **_stats(times[s.key]),
-                            "new_connection": _stats(fresh[s.key])} for s in servers},
+                            "new_connection": _stats(fresh[s.key]), "peak_rss_mib": memory[s.key]["VmHWM"] / 1024,
+                            "rss_mib": memory[s.key]["VmRSS"] / 1024} for s in servers},
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     for how in ("kept-alive connection", "new connection each"):
@@ -169,8 +213,14 @@ def main(argv: list[str] | None = None) -> int:
             t = r if how.startswith("kept") else r["new_connection"]
             print(f"  {r['label']:<52} {r['series']:>6} series  p50 {t['p50_seconds'] * 1000:6.2f} ms  "
                   f"p90 {t['p90_seconds'] * 1000:6.2f} ms  p99 {t['p99_seconds'] * 1000:6.2f} ms")
+    for r in result["servers"].values():
+        print(f"  {r['label']:<52} peak RSS (VmHWM) {r['peak_rss_mib']:5.1f} MiB  at the end {r['rss_mib']:5.1f} MiB")
     ours = result["servers"]["ours"]["p50_seconds"]
     print(f"target: ours p50 < {TARGET_P50_SECONDS * 1000:.0f} ms: {'PASS' if ours < TARGET_P50_SECONDS else 'FAIL'}")
+    for key in ("ours", "ours_tls"):
+        peak = result["servers"][key]["peak_rss_mib"]
+        print(f"target: {key} peak RSS <= {TARGET_PEAK_MIB} MiB: {'PASS' if peak <= TARGET_PEAK_MIB else 'FAIL'} "
+              f"({peak:.1f})")
     return 0
 
 

@@ -7,29 +7,15 @@ import binascii
 import html
 import logging
 import socket
-import sys
+import ssl
 import threading
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from exporter import __version__
 from exporter.webconfig import WebConfig
-
-# http.server imports http.client, which imports ssl (libssl and libcrypto, ~5 MiB resident)
-# for the HTTPS requests a client makes; this server needs ssl only for TLS, and the web
-# config imports it then. Meanwhile http.client sees a Python without ssl, as it allows.
-_ssl_imported = "ssl" in sys.modules
-sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
-try:
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-finally:
-    if not _ssl_imported:
-        del sys.modules["ssl"]
-
-if TYPE_CHECKING:
-    import ssl
 
 log = logging.getLogger(__name__)
 

@@ -8,20 +8,17 @@ than silently ignored: a security setting that is quietly dropped is worse than 
 from __future__ import annotations
 
 import functools
+import ssl
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from exporter.config import ConfigError, load_yaml
 
-if TYPE_CHECKING:
-    import ssl
-
-# ssl (libssl and libcrypto, ~5 MiB resident) is imported only when TLS is configured.
-_TLS_VERSIONS = {"TLS10": "TLSv1", "TLS11": "TLSv1_1", "TLS12": "TLSv1_2", "TLS13": "TLSv1_3"}  # ssl.TLSVersion
-_CLIENT_AUTH = {"NoClientCert": "CERT_NONE", "VerifyClientCertIfGiven": "CERT_OPTIONAL",
-                "RequireAndVerifyClientCert": "CERT_REQUIRED"}  # ssl.VerifyMode
+_TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS12": ssl.TLSVersion.TLSv1_2,
+                 "TLS13": ssl.TLSVersion.TLSv1_3}
+_CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+                "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
 _TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version",
              "max_version"}
 _UNSUPPORTED_TLS_KEYS = {"cert", "key", "client_ca", "cipher_suites", "curve_preferences",
@@ -113,15 +110,13 @@ def _ssl_context(tls: dict, base: Path) -> ssl.SSLContext:
     cert, key = tls.get("cert_file"), tls.get("key_file")
     if not cert or not key:
         raise ConfigError("tls_server_config: cert_file and key_file are both required")
-    import ssl
-
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     for name, attr, default in (("min_version", "minimum_version", "TLS12"),
                                 ("max_version", "maximum_version", "TLS13")):
         value = tls.get(name, default)
         if value not in _TLS_VERSIONS:
             raise ConfigError(f"tls_server_config.{name}: unknown version {value!r}")
-        setattr(ctx, attr, ssl.TLSVersion[_TLS_VERSIONS[value]])
+        setattr(ctx, attr, _TLS_VERSIONS[value])
     try:
         ctx.load_cert_chain(base / cert, base / key)
     except (OSError, ssl.SSLError) as err:
@@ -130,7 +125,7 @@ def _ssl_context(tls: dict, base: Path) -> ssl.SSLContext:
     if auth not in _CLIENT_AUTH:
         raise ConfigError(f"tls_server_config.client_auth_type: {auth!r} not supported "
                           f"(use one of {', '.join(_CLIENT_AUTH)})")
-    ctx.verify_mode = ssl.VerifyMode[_CLIENT_AUTH[auth]]
+    ctx.verify_mode = _CLIENT_AUTH[auth]
     ca = tls.get("client_ca_file")
     if ca:
         if auth == "NoClientCert":
