@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Installs what the exporter (with --demo, the demo stack; with --test, the test suite)
-# needs on a fresh Debian bookworm machine: a virtualenv in .venv with the package, and
-# Debian's Prometheus, Alertmanager and node_exporter that the demo runs and the tests run
-# against (with promtool, amtool, vmalert, process-exporter, iproute2 and ethtool).
+# Installs what the exporter (with --demo, the demo stack; with --test, the test suite) needs on
+# a fresh Debian bookworm machine, a minimal one included (git, make and python3 alone): a
+# virtualenv in .venv with the package, and from Debian's archive every program the demo, the
+# tests and the documented commands call that the machine lacks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,21 +10,34 @@ want_test=0 want_demo=0
 [ "${1:-}" = "--test" ] && want_test=1 && want_demo=1
 [ "${1:-}" = "--demo" ] && want_demo=1
 
+# "command:package": the package is installed when the command is missing. README.md names these
+# packages; tests/test_docs.py holds that it does, and that every program a test or a documented
+# command runs is here or in what a minimal Debian has.
+node_tools="ip:iproute2"
+# Debian's Prometheus, node_exporter and Alertmanager run the demo; curl is in the docs' commands.
+demo_tools="prometheus:prometheus promtool:prometheus prometheus-node-exporter:prometheus-node-exporter
+  prometheus-alertmanager:prometheus-alertmanager amtool:prometheus-alertmanager curl:curl"
+# The unit is checked with systemd's own tools; VictoriaMetrics runs the rule pack beside
+# Prometheus; `ethtool -S` and process-exporter are the tests' second opinions.
+test_tools="victoria-metrics:victoria-metrics vmalert:victoria-metrics vmagent:victoria-metrics
+  systemd-analyze:systemd systemd-sysusers:systemd systemd-tmpfiles:systemd ethtool:ethtool
+  prometheus-process-exporter:prometheus-process-exporter"
+
+have() {  # on PATH, or in an sbin directory a non-root PATH leaves out
+  command -v "$1" >/dev/null || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]
+}
+
+tools="$node_tools"
+[ "$want_demo" = 1 ] && tools="$tools $demo_tools"
+[ "$want_test" = 1 ] && tools="$tools $test_tools"
 need_apt=()
-if [ "$want_demo" = 1 ]; then
-  command -v prometheus >/dev/null || need_apt+=(prometheus)
-  command -v prometheus-node-exporter >/dev/null || need_apt+=(prometheus-node-exporter)
-  command -v prometheus-alertmanager >/dev/null || need_apt+=(prometheus-alertmanager)
-fi
-if [ "$want_test" = 1 ]; then
-  command -v prometheus-process-exporter >/dev/null || need_apt+=(prometheus-process-exporter)
-  command -v vmalert >/dev/null || need_apt+=(victoria-metrics)
-  # tests/test_systemd.py: systemd-analyze verify/security, systemd-sysusers, systemd-tmpfiles.
-  command -v systemd-analyze >/dev/null || need_apt+=(systemd)
-  # tests/test_ethtool.py compares the exporter's SIOCETHTOOL reader with `ethtool -S`.
-  command -v ethtool >/dev/null || [ -x /usr/sbin/ethtool ] || [ -x /sbin/ethtool ] || need_apt+=(ethtool)
-fi
-command -v ip >/dev/null || need_apt+=(iproute2)
+for pair in $tools; do
+  package="${pair#*:}"
+  [[ " ${need_apt[*]} " == *" $package "* ]] || have "${pair%%:*}" || need_apt+=("$package")
+done
+# Debian splits venv's pip bootstrap out of python3: a minimal system cannot make a venv without it.
+python3 -c 'import ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+
 if [ "${#need_apt[@]}" -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "install-deps: need root to apt-get install ${need_apt[*]}" >&2

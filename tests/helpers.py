@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import nvmlsim
@@ -21,6 +25,23 @@ from exporter.nvmlsim.scenario import build
 from fleet.harness import free_port  # noqa: F401  (tests take it from here; one copy of it)
 
 Series = dict[str, dict[tuple, float]]
+
+ROOT = Path(__file__).resolve().parent.parent
+AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def skip_unless_nobody_can_run_the_checkout() -> None:
+    """A test that drops to nobody needs root, setpriv, and a checkout and venv nobody can read: a
+    checkout under /root (mode 0700) is not one, and the test cannot say anything there."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to another user")
+    if shutil.which("setpriv") is None:
+        pytest.skip("util-linux's setpriv is not installed")
+    probe = subprocess.run([*AS_NOBODY, sys.executable, "-c", "import exporter, yaml"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        reason = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        pytest.skip(f"nobody cannot run {sys.executable} in {ROOT} (a parent directory of mode 0700?): {reason}")
 
 
 def nfs_context(procfs: Path, route_lookup: Callable[[str], str | None] = lambda _a: None,

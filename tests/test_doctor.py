@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import AS_NOBODY, skip_unless_nobody_can_run_the_checkout
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 SCENARIO = ROOT / "exporter" / "nvmlsim" / "scenarios" / "gpu122-uncorrectable-steps.yaml"
@@ -142,33 +144,31 @@ def test_a_missing_staging_path_and_storage_interface(node, tmp_path: Path) -> N
     assert " warn " in checks["storage"][0] and "no interface nosuch0" in checks["storage"][1]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to another user")
 def test_gpu_processes_without_the_capabilities_the_unit_grants(tmp_path: Path) -> None:
+    skip_unless_nobody_can_run_the_checkout()
     flags = ["--collector.disable-defaults", "--collector.gpu_processes", "--path.state", tmp_path]
-    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    code, checks = doctor(*flags, user=[*nobody, "--inh-caps=-all"])
+    code, checks = doctor(*flags, user=[*AS_NOBODY, "--inh-caps=-all"])
     assert code == 1
     assert " fail " in checks["gpu_processes"][0]
     assert "CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE" in checks["gpu_processes"][1]
     # With the two capabilities, as the systemd unit gives them, it passes.
     caps = "+dac_read_search,+sys_ptrace"
-    code, checks = doctor(*flags, user=[*nobody, f"--inh-caps={caps}", f"--ambient-caps={caps}"])
+    code, checks = doctor(*flags, user=[*AS_NOBODY, f"--inh-caps={caps}", f"--ambient-caps={caps}"])
     assert code == 0, checks
     assert " ok " in checks["gpu_processes"][0]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to another user")
 def test_the_kernel_log_without_cap_syslog() -> None:
     import tempfile
 
+    skip_unless_nobody_can_run_the_checkout()
     with tempfile.TemporaryDirectory() as state:
         os.chmod(state, 0o777)
         flags = ["--collector.disable-defaults", "--collector.xid", "--path.kmsg", "/dev/kmsg", "--path.state", state]
-        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-        code, checks = doctor(*flags, user=[*nobody, "--inh-caps=-all"])
+        code, checks = doctor(*flags, user=[*AS_NOBODY, "--inh-caps=-all"])
         if " ok " in checks["kmsg"][0]:
             pytest.skip("this kernel lets anyone read /dev/kmsg (kernel.dmesg_restrict=0)")
         assert code == 1 and "CAP_SYSLOG" in checks["kmsg"][1]
         assert " ok " in checks["state"][0]
-        code, checks = doctor(*flags, user=[*nobody, "--inh-caps=+syslog", "--ambient-caps=+syslog"])
+        code, checks = doctor(*flags, user=[*AS_NOBODY, "--inh-caps=+syslog", "--ambient-caps=+syslog"])
         assert " ok " in checks["kmsg"][0], checks

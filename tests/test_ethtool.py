@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from exporter.ethtool import Ethtool, _GuardedBuffer, _IfReq, pfc_pause_frames
-from tests.helpers import ethtool_fixture, parse_ethtool_s
+from tests.helpers import AS_NOBODY, ethtool_fixture, parse_ethtool_s, skip_unless_nobody_can_run_the_checkout
 from tests.netns import STORAGE_DEVICE, storage_netns
 
 ROOT = Path(__file__).parent.parent
@@ -177,21 +177,13 @@ with Ethtool() as ethtool:
 """
 
 
-def world_readable(path: Path) -> bool:
-    return all(p.stat().st_mode & 0o005 == 0o005 for p in (path, *path.parents))
-
-
 def test_no_privilege_needed() -> None:
     # GSSET_INFO, GSTRINGS and GSTATS are in __dev_ethtool()'s "allow anyone" list.
-    if shutil.which("setpriv") is None:
-        pytest.skip("util-linux's setpriv is not installed")
-    if not world_readable(ROOT) or not world_readable(Path(sys.executable).parent):
-        pytest.skip("the checkout or the venv is not readable by nobody")
+    skip_unless_nobody_can_run_the_checkout()
     with storage_netns() as ns:
         as_root = run_in(ns, UNPRIVILEGED, STORAGE_DEVICE, str(ROOT))
-        out = subprocess.run(["ip", "netns", "exec", ns, "setpriv", "--reuid=65534", "--regid=65534",
-                              "--clear-groups", sys.executable, "-c", UNPRIVILEGED, STORAGE_DEVICE, str(ROOT)],
-                             check=True, capture_output=True, text=True, cwd="/")
+        out = subprocess.run(["ip", "netns", "exec", ns, *AS_NOBODY, sys.executable, "-c", UNPRIVILEGED,
+                              STORAGE_DEVICE, str(ROOT)], check=True, capture_output=True, text=True, cwd="/")
     got = json.loads(out.stdout)
     assert got["uid"] == 65534
     assert got["stats"] == as_root["stats"]
