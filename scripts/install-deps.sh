@@ -17,11 +17,14 @@ node_tools="ip:iproute2"
 # Debian's Prometheus, node_exporter and Alertmanager run the demo; curl is in the docs' commands.
 demo_tools="prometheus:prometheus promtool:prometheus prometheus-node-exporter:prometheus-node-exporter
   prometheus-alertmanager:prometheus-alertmanager amtool:prometheus-alertmanager curl:curl"
-# The unit is checked with systemd's own tools; VictoriaMetrics runs the rule pack beside
-# Prometheus; `ethtool -S` and process-exporter are the tests' second opinions.
+# The unit is checked with systemd's own tools, and run under systemd-nspawn in a Debian that
+# mmdebstrap builds; the image is built and run with podman (runc: crun refuses hybrid cgroups);
+# VictoriaMetrics runs the rule pack beside Prometheus; `ethtool -S` and process-exporter are the
+# tests' second opinions.
 test_tools="victoria-metrics:victoria-metrics vmalert:victoria-metrics vmagent:victoria-metrics
   systemd-analyze:systemd systemd-sysusers:systemd systemd-tmpfiles:systemd ethtool:ethtool
-  prometheus-process-exporter:prometheus-process-exporter"
+  prometheus-process-exporter:prometheus-process-exporter systemd-nspawn:systemd-container
+  mmdebstrap:mmdebstrap podman:podman runc:runc"
 
 have() {  # on PATH, or in an sbin directory a non-root PATH leaves out
   command -v "$1" >/dev/null || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -28,6 +29,21 @@ Series = dict[str, dict[tuple, float]]
 
 ROOT = Path(__file__).resolve().parent.parent
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+# What a minimal Debian has (its Essential and required packages: bash, coreutils, grep, dpkg,
+# util-linux, mount) with the git, make and python3 a checkout needs (tests/test_bare_debian.py
+# holds it in one that mmdebstrap makes).
+MINIMAL_DEBIAN = {"bash", "sh", "df", "sleep", "kill", "mktemp", "head", "grep", "dpkg-query", "mount", "umount",
+                  "unshare", "setpriv", "nsenter", "mountpoint", "tar", "git", "make", "python3"}
+
+
+def install_deps_tools() -> dict[str, str]:
+    """scripts/install-deps.sh's {command: the Debian package that brings it}, every mode's."""
+    text = (ROOT / "scripts" / "install-deps.sh").read_text()
+    lists = re.findall(r'^[a-z]+_tools="([^"]*)"', text, re.MULTILINE)
+    assert len(lists) == 3, "install-deps.sh no longer says what it installs as node_, demo_ and test_tools"
+    return dict(pair.split(":") for pair in " ".join(lists).split())
 
 
 def skip_unless_nobody_can_run_the_checkout() -> None:

@@ -38,7 +38,7 @@ from markdown_it import MarkdownIt
 from exporter import cli, config, webconfig
 from exporter.rulepack import load_spec, render
 from tests import tlscerts
-from tests.helpers import free_port
+from tests.helpers import MINIMAL_DEBIAN, free_port, install_deps_tools
 
 ROOT = Path(__file__).resolve().parent.parent
 LANGUAGES = {"sh", "yaml", "promql", "text", "ini", "json"}
@@ -355,20 +355,8 @@ def test_install_names_the_packages_pip_fetches_and_the_systems_python() -> None
 
 # --- what a fresh machine installs ------------------------------------------------------------
 
-# What a minimal Debian has (its Essential and required packages: bash, coreutils, grep, dpkg,
-# util-linux, mount) with the git, make and python3 a checkout needs; the venv's own programs.
-MINIMAL_DEBIAN = {"bash", "sh", "df", "sleep", "kill", "mktemp", "head", "grep", "dpkg-query", "mount", "umount",
-                  "unshare", "setpriv", "git", "make", "python3"}
 VENV = {"gpunode-exporter", "pip", "python"}
 ALTERNATIVES = {"node_exporter"}  # upstream's name, tried after Debian's prometheus-node-exporter
-
-
-def _install_deps() -> dict[str, str]:
-    """scripts/install-deps.sh's {command: the Debian package that brings it}."""
-    text = (ROOT / "scripts" / "install-deps.sh").read_text()
-    lists = re.findall(r'^[a-z]+_tools="([^"]*)"', text, re.MULTILINE)
-    assert len(lists) == 3, "install-deps.sh no longer says what it installs as node_, demo_ and test_tools"
-    return dict(pair.split(":") for pair in " ".join(lists).split())
 
 
 def test_the_readme_names_what_install_deps_installs() -> None:
@@ -376,7 +364,7 @@ def test_the_readme_names_what_install_deps_installs() -> None:
     sentence = re.search(r"they install, where missing, Debian's (.*?)\n\n", readme, re.DOTALL)
     assert sentence, "README.md no longer lists the Debian packages the make targets install"
     named = set(re.findall(r"`([a-z0-9.-]+)`", sentence.group(1)))
-    assert named == set(_install_deps().values()) | {"python3-venv"}
+    assert named == set(install_deps_tools().values()) | {"python3-venv"}
 
 
 def test_install_deps_brings_every_program_the_tests_and_documented_commands_run() -> None:
@@ -389,4 +377,4 @@ def test_install_deps_brings_every_program_the_tests_and_documented_commands_run
     for path in [*ROOT.glob("tests/*.py"), *ROOT.glob("demo/*.py"), *ROOT.glob("fleet/*.py")]:
         called |= {a or b for a, b in call.findall(path.read_text())}
     assert {"curl", "promtool", "ip", "setpriv"} <= called  # the scan still finds programs
-    assert called - set(_install_deps()) - MINIMAL_DEBIAN - VENV - ALTERNATIVES == set()
+    assert called - set(install_deps_tools()) - MINIMAL_DEBIAN - VENV - ALTERNATIVES == set()
