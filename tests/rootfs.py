@@ -35,12 +35,15 @@ def skip_unless_ready(*tools: str) -> None:
 def build(include: list[str], variant: str = "minbase") -> Path:
     """The cached tarball of a `variant` Debian with `include`; built once (~15 s) when missing."""
     key = hashlib.sha256(f"{SUITE} {variant} {sorted(include)}".encode()).hexdigest()[:12]
-    tarball = CACHE / f"{SUITE}-{variant}-{key}.tar"
+    return _mmdebstrap(CACHE / f"{SUITE}-{variant}-{key}.tar", include, variant)
+
+
+def _mmdebstrap(tarball: Path, include: list[str], variant: str, options: tuple[str, ...] = ()) -> Path:
     if not tarball.exists():
         CACHE.mkdir(parents=True, exist_ok=True)
         partial = tarball.with_suffix(".partial.tar")
         subprocess.run(["mmdebstrap", "--quiet", f"--variant={variant}", f"--include={','.join(include)}",
-                        "--mode=root", "--format=tar", SUITE, str(partial), MIRROR],
+                        *options, "--mode=root", "--format=tar", SUITE, str(partial), MIRROR],
                        check=True, capture_output=True, timeout=600)
         partial.rename(tarball)  # whole or not at all: an interrupted build is not a cache entry
     return tarball
@@ -79,13 +82,5 @@ def build_customized(include: list[str], hooks: list[str], variant: str = "minba
     keyed by the hooks too and by the contents of `inputs`, the host files they copy in."""
     digests = [hashlib.sha256(path.read_bytes()).hexdigest() for path in inputs]
     key = hashlib.sha256(f"{SUITE} {variant} {sorted(include)} {hooks} {digests}".encode()).hexdigest()[:12]
-    tarball = CACHE / f"{SUITE}-{variant}-custom-{key}.tar"
-    if not tarball.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        partial = tarball.with_suffix(".partial.tar")
-        subprocess.run(["mmdebstrap", "--quiet", f"--variant={variant}", f"--include={','.join(include)}",
-                        *(f"--customize-hook={hook}" for hook in hooks),
-                        "--mode=root", "--format=tar", SUITE, str(partial), MIRROR],
-                       check=True, capture_output=True, timeout=600)
-        partial.rename(tarball)
-    return tarball
+    return _mmdebstrap(CACHE / f"{SUITE}-{variant}-custom-{key}.tar", include, variant,
+                       tuple(f"--customize-hook={hook}" for hook in hooks))
