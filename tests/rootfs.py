@@ -1,16 +1,21 @@
 """Minimal Debian systems for the system tests: built with mmdebstrap, run with systemd-nspawn.
 
 A rootfs is cached as a tarball under CACHE, keyed by what it includes, and unpacked afresh for
-each test: a test may break its copy, never the next test's. Root only (mmdebstrap's root mode,
-nspawn); `skip_unless_ready()` says why not elsewhere.
+each test: a test may break its copy, never the next test's. `boot()` boots one (systemd as its
+PID 1) for as long as a block runs. Root only (mmdebstrap's root mode, nspawn);
+`skip_unless_ready()` says why not elsewhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -84,3 +89,97 @@ def build_customized(include: list[str], hooks: list[str], variant: str = "minba
     key = hashlib.sha256(f"{SUITE} {variant} {sorted(include)} {hooks} {digests}".encode()).hexdigest()[:12]
     return _mmdebstrap(CACHE / f"{SUITE}-{variant}-custom-{key}.tar", include, variant,
                        tuple(f"--customize-hook={hook}" for hook in hooks))
+
+
+# --- booted systems ---------------------------------------------------------------------------
+
+INSIDE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class Booted:
+    """A system started by boot(). Commands run in it through nsenter: in all its namespaces, with
+    its root, as root, and with an environment of their own (nothing of the host's leaks in)."""
+
+    def __init__(self, process: subprocess.Popen[bytes], leader: int) -> None:
+        self.process = process  # systemd-nspawn
+        self.leader = leader  # the container's PID 1, as the host numbers it
+
+    def run(self, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["nsenter", f"--target={self.leader}", "--all", "env", "-i", f"PATH={INSIDE_PATH}",
+                               *argv], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+
+    def wait_running(self, timeout: float = 120) -> str:
+        """`systemctl is-system-running --wait` once the manager answers: running, degraded, ..."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                state = self.run("systemctl", "is-system-running", "--wait", timeout=max(left, 1)).stdout.strip()
+            except subprocess.TimeoutExpired:
+                state = "starting"
+            if state not in ("", "offline", "unknown", "initializing", "starting") or left <= 0:
+                return state
+            time.sleep(0.2)  # not listening yet: the manager is still setting up
+
+
+def _container_leader(nspawn: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """nspawn's child that is PID 1 of a PID namespace of its own and has exec'd init, or None."""
+    deadline = time.monotonic() + timeout
+    own_exe = os.path.realpath(shutil.which("systemd-nspawn") or "systemd-nspawn")  # until the child execs init
+    while time.monotonic() < deadline and nspawn.poll() is None:
+        for pid in (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()):
+            try:
+                status = dict(line.partition(":\t")[::2] for line in _lines(f"/proc/{pid}/status"))
+                if (status["PPid"] == str(nspawn.pid) and status["NSpid"].split()[1:] == ["1"]
+                        and os.readlink(f"/proc/{pid}/exe") != own_exe):
+                    return pid
+            except (OSError, KeyError):
+                continue  # gone meanwhile, or a kernel thread
+        time.sleep(0.1)
+    return None
+
+
+def _lines(path: str) -> list[str]:
+    return Path(path).read_text().splitlines()
+
+
+@contextlib.contextmanager
+def boot(root: Path, options: tuple[str, ...] = (), console: Path | None = None,
+         timeout: float = 60) -> Iterator[Booted]:
+    """`root` booted with systemd-nspawn -b (sharing the host's network, not registered with a
+    host systemd), its console written to `console`. On leaving, whatever happened inside, it is
+    powered off, and killed when that takes more than `timeout`: no container outlives the block."""
+    nspawn_runtime_dir()
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(console.open("wb")) if console is not None else subprocess.DEVNULL
+        process = subprocess.Popen(["systemd-nspawn", "--boot", f"--directory={root}", "--register=no",
+                                    "--keep-unit", "--timezone=off", "--link-journal=no", *options],
+                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        leader = None
+        try:
+            leader = _container_leader(process, timeout)
+            if leader is None:
+                raise RuntimeError(f"systemd-nspawn started no init in {timeout} s (console: {console})")
+            yield Booted(process, leader)
+        finally:
+            _power_off(process, leader, timeout)
+
+
+def _power_off(process: subprocess.Popen[bytes], leader: int | None, timeout: float) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        if leader is not None and process.poll() is None:
+            os.kill(leader, signal.SIGRTMIN + 4)  # systemd's poweroff
+        else:
+            process.terminate()  # nspawn passes it on to the container as its kill signal
+    try:
+        process.wait(timeout)
+        return
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            if leader is not None:
+                os.kill(leader, signal.SIGKILL)  # PID 1 of the namespace: every process in it dies
+    try:
+        process.wait(10)  # nspawn reaps the container and exits
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
