@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from exporter import __version__, config, process, webconfig
+from exporter import __version__, config, logs, process, webconfig
 from exporter.collector import COLLECTORS, Collector, Context
 from exporter.exposition import Renderer
 from exporter.http import ThreadingHTTPServer, make_handler, make_server, parse_listen_address
@@ -166,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     for flag, path in (("--path.procfs", args.procfs), ("--path.sysfs", args.sysfs)):
         if not path.is_dir():
             parser.error(f"{flag} {path}: no such directory")
-    logging.basicConfig(level=args.log_level.upper().replace("WARN", "WARNING"), stream=sys.stderr,
-                        format="%(asctime)s level=%(levelname)s %(name)s: %(message)s")
+    logs.setup(args.log_level)
     try:
         cfg = config.load(args.config_file)
         web = webconfig.load(args.web_config) if args.command == "serve" else None

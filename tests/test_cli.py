@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from exporter.cli import COMMANDS
 
 ROOT = Path(__file__).parent.parent
 EDGE = ROOT / "tests" / "fixtures" / "procfs" / "edge"
+SCENARIO = ROOT / "exporter" / "nvmlsim" / "scenarios" / "gpu122-uncorrectable-steps.yaml"
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -47,6 +49,22 @@ def test_the_server_leaves_the_standard_library_whole() -> None:
     code = "import exporter.http, urllib.request, prometheus_client; print(urllib.request.HTTPSHandler.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert out.returncode == 0 and out.stdout.strip() == "HTTPSHandler", out.stderr
+
+
+@pytest.mark.parametrize("journal", [True, False])
+def test_log_lines_carry_their_priority_where_stderr_is_the_journal(tmp_path: Path, journal: bool) -> None:
+    # systemd names its journal stream in JOURNAL_STREAM (device:inode); a "<4>" prefix makes
+    # the line a warning there, where a plain stderr (a pipe, a file) keeps plain lines.
+    log = tmp_path / "stderr"
+    with log.open("w") as stderr:
+        stat = os.fstat(stderr.fileno())
+        env = {**os.environ, "JOURNAL_STREAM": f"{stat.st_dev}:{stat.st_ino}" if journal else "1:2"}
+        done = subprocess.run([sys.executable, "-m", "exporter", "dump", "--collector.disable-defaults",
+                               "--nvml.simulate", str(SCENARIO), "--path.state", str(tmp_path)],
+                              stdout=subprocess.DEVNULL, stderr=stderr, env=env, cwd=ROOT, timeout=60)
+    assert done.returncode == 0
+    warning = next(line for line in log.read_text().splitlines() if "NVML is SIMULATED" in line)
+    assert warning.startswith("<4>") == journal and "level=WARNING" in warning
 
 
 def test_rules_render_warns_when_runbooks_point_away_from_the_projects(tmp_path: Path) -> None:
