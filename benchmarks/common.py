@@ -12,8 +12,8 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
+import sys
 import sysconfig
 import time
 from collections.abc import Callable
@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for fleet/
+from fleet.harness import free_port  # noqa: F401  (one copy of it: the benchmarks take it from here)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -217,13 +220,6 @@ def finish(results: dict[str, Any], output: Path, machine: str) -> int:
     output.write_text(json.dumps(results, indent=2) + "\n")
     print(f"results: {output}")
     return 0
-
-
-def free_port() -> int:
-    """A currently free loopback port (tiny race with the server's bind; fine here)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def die_with_parent() -> None:

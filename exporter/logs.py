@@ -13,13 +13,13 @@ import os
 import sys
 
 FORMAT = "%(asctime)s level=%(levelname)s %(name)s: %(message)s"
-# syslog(3) priorities, as sd-daemon(3) prefixes them.
-_PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
+# syslog(3) priorities, as sd-daemon(3) prefixes them, highest level first.
+_PRIORITY = ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4), (logging.INFO, 6))
 
 
 class JournalFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        priority = next((p for level, p in sorted(_PRIORITY.items(), reverse=True) if record.levelno >= level), 7)
+        priority = next((p for level, p in _PRIORITY if record.levelno >= level), 7)  # 7: debug
         return f"<{priority}>{super().format(record)}"
 
 

@@ -61,6 +61,9 @@ def _readings(own: psutil.Process) -> tuple[tuple[MetricSpec, Callable[[], float
             (MAX_FDS, lambda: own.rlimit(psutil.RLIMIT_NOFILE)[0]))
 
 
+_READINGS = _readings(_OWN) if _OWN is not None else ()
+
+
 def _read(read: Callable[[], float]) -> float | None:
     try:
         return read()
@@ -71,8 +74,10 @@ def _read(read: Callable[[], float]) -> float | None:
 def collect() -> Iterator[Family]:
     if _OWN is None:
         return
-    for spec, read in _readings(_OWN):
-        if (value := _read(read)) is not None:
+    with _OWN.oneshot():  # /proc/self/stat and statm read once for all six, not once each
+        values = [(spec, _read(read)) for spec, read in _READINGS]
+    for spec, value in values:
+        if value is not None:
             family = spec.family()
             family.add((), value)
             yield family

@@ -46,6 +46,18 @@ def install_deps_tools() -> dict[str, str]:
     return dict(pair.split(":") for pair in " ".join(lists).split())
 
 
+def copy_tracked_files(dest: Path) -> Path:
+    """The checkout's tracked files (as a clone holds them, uncommitted edits included) into dest;
+    symlinks stay links (the sysfs fixtures are made of them)."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, tracked.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file() or source.is_symlink():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name, follow_symlinks=False)
+    return dest
+
+
 def skip_unless_nobody_can_run_the_checkout() -> None:
     """A test that drops to nobody needs root, setpriv, and a checkout and venv nobody can read: a
     checkout under /root (mode 0700) is not one, and the test cannot say anything there."""

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests import rootfs
-from tests.helpers import MINIMAL_DEBIAN, install_deps_tools
+from tests.helpers import MINIMAL_DEBIAN, copy_tracked_files, install_deps_tools
 
-ROOT = Path(__file__).resolve().parent.parent
 CHECKOUT = "/src/gpunode-exporter"  # inside
 DEMO_TOOLS = {"ip", "prometheus", "prometheus-node-exporter", "prometheus-alertmanager", "curl"}
 
@@ -26,12 +25,7 @@ def machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The bare rootfs with a copy of the checkout's tracked files (as a clone of it would hold)."""
     rootfs.skip_unless_ready()
     root = rootfs.unpack(rootfs.build(["git", "make", "python3"]), tmp_path_factory.mktemp("bare") / "root")
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    for name in filter(None, tracked.decode().split("\0")):
-        source, dest = ROOT / name, root / CHECKOUT.lstrip("/") / name
-        if source.is_file() or source.is_symlink():
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest, follow_symlinks=False)
+    copy_tracked_files(root / CHECKOUT.lstrip("/"))
     yield root
     shutil.rmtree(root, ignore_errors=True)
 

@@ -38,7 +38,7 @@ from markdown_it import MarkdownIt
 from exporter import cli, config, webconfig
 from exporter.rulepack import load_spec, render
 from tests import tlscerts
-from tests.helpers import MINIMAL_DEBIAN, free_port, install_deps_tools
+from tests.helpers import MINIMAL_DEBIAN, copy_tracked_files, free_port, install_deps_tools
 
 ROOT = Path(__file__).resolve().parent.parent
 LANGUAGES = {"sh", "yaml", "promql", "text", "ini", "json"}
@@ -149,16 +149,11 @@ def _check_statically(block: Block, copy: Path) -> None:
 @pytest.fixture(scope="module")
 def copies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One copy of the tracked files per Markdown file, with the test environment's .venv."""
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     made: dict[str, Path] = {}
 
     def copy_for(file: str) -> Path:
         if file not in made:
-            dest = tmp_path_factory.mktemp(file.replace("/", "_"))
-            for name in tracked.decode().split("\0"):
-                if name and ((ROOT / name).is_file() or (ROOT / name).is_symlink()):
-                    (dest / name).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(ROOT / name, dest / name, follow_symlinks=False)  # sysfs fixtures are links
+            dest = copy_tracked_files(tmp_path_factory.mktemp(file.replace("/", "_")))
             (dest / ".venv").symlink_to(Path(sys.prefix))
             made[file] = dest
         return made[file]

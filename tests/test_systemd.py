@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import AS_NOBODY
+
 ROOT = Path(__file__).parent.parent
 UNIT = ROOT / "systemd" / "gpunode-exporter.service"
 SYSUSERS = ROOT / "systemd" / "gpunode-exporter.sysusers"
@@ -35,7 +37,6 @@ INSTALL_DOC = ROOT / "docs" / "install.md"
 RULES_DOC = ROOT / "docs" / "rules.md"
 SPEC = ROOT / "exporter" / "rulepack" / "spec.yaml"
 SCENARIO = ROOT / "exporter" / "nvmlsim" / "scenarios" / "healthy-h100.yaml"
-NOBODY = "65534"
 
 
 def _tool(name: str) -> str:
@@ -210,7 +211,7 @@ def _as_nobody(caps: list[str], *argv: str, env: dict[str, str] | None = None) -
     the credentials the unit gives, and with the unit's /proc: its ProtectProc= is procfs's hidepid=
     (which hides the processes it may not ptrace). Not the rest of its sandbox."""
     names = "".join(f",+{c.removeprefix('CAP_').lower()}" for c in caps)
-    setpriv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+    setpriv = [*AS_NOBODY,
                f"--bounding-set=-all{names}", f"--inh-caps=-all{names}",
                f"--ambient-caps=-all{names}", "--no-new-privs", *argv]
     hidepid = _setting("ProtectProc")
