@@ -14,11 +14,11 @@ run:
 
 test:
 	scripts/install-deps.sh --test
-	.venv/bin/ruff check exporter tests benchmarks scripts demo fleet
+	.venv/bin/ruff check exporter remediate tests benchmarks scripts demo fleet
 	$(PY) -m pytest
 
 lint:
-	.venv/bin/ruff check exporter tests benchmarks scripts demo fleet
+	.venv/bin/ruff check exporter remediate tests benchmarks scripts demo fleet
 
 bench:  # GPU collector vs naive pynvml (~40 s), NFS vs node_exporter, GPU processes vs process-exporter, bursts of scrapes vs node_exporter (root, ~3.5 min), the reference node: series and a full scrape (~1 min)
 	scripts/install-deps.sh --test

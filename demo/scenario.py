@@ -13,8 +13,7 @@ from typing import Any
 import yaml
 
 from exporter import nvmlsim
-from exporter.config import ConfigError, load_yaml
-from exporter.nvmlsim.scenario import seconds
+from exporter.config import ConfigError, load_yaml, seconds
 
 SHIPPED = Path(__file__).parent / "scenarios"
 

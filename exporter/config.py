@@ -28,6 +28,8 @@ NFS_TRANSPORT_SERIES_ALL = ("sends", "receives", "bad_xids", "connects", "in_fli
                             "sending_sum", "pending_sum", "max_slots")
 NFS_TRANSPORT_SERIES = ("sends", "connects", "in_flight_sum", "backlog_sum", "max_slots")
 _OPERATION = re.compile(r"[A-Z][A-Z0-9_]*")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,21 @@ def _build(cls: type, data: Any, where: str) -> Any:
         else:  # pragma: no cover - a new field type needs a branch here
             raise ConfigError(f"key '{path}': unsupported type")
     return cls(**values)
+
+
+def seconds(value: Any, where: str) -> float:
+    """A duration: a number of seconds, or a string such as "90s", "15m", "1d12h", "2w"."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: want a duration, got {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ConfigError(f"{where}: want a duration >= 0, got {value!r}")
+        return float(value)
+    text = str(value).strip()
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ConfigError(f"{where}: want a duration such as 90s, 15m, 2h, 3d or 1d12h, got {value!r}")
+    return float(sum(float(n) * _UNIT_SECONDS[u] for n, u in parts))
 
 
 def load_yaml(path: Path, build: Callable[[Any], T]) -> T:

@@ -63,6 +63,20 @@ def accepts_gzip(header: str) -> bool:
     return q > 0
 
 
+def basic_authorized(header: str, web: WebConfig) -> bool:
+    """An Authorization header against the web config's basic-auth users; with none, anyone."""
+    if not web.users:
+        return True
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic":
+        return False
+    try:
+        user, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return False
+    return web.authorized(user, password)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = _somaxconn()
@@ -170,17 +184,7 @@ def make_handler(render: Callable[[], Iterator[bytes]], web: WebConfig, telemetr
             return super().parse_request()
 
         def _authorized(self) -> bool:
-            if not web.users:
-                return True
-            header = self.headers.get("Authorization", "")
-            scheme, _, encoded = header.partition(" ")
-            if scheme.lower() != "basic":
-                return False
-            try:
-                user, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
-            except (binascii.Error, UnicodeDecodeError):
-                return False
-            return web.authorized(user, password)
+            return basic_authorized(self.headers.get("Authorization", ""), web)
 
         def _send(self, code: int, body: bytes | list[bytes], content_type: str,
                   extra: dict[str, str]) -> None:

@@ -25,6 +25,8 @@ test_tools="victoria-metrics:victoria-metrics vmalert:victoria-metrics vmagent:v
   systemd-analyze:systemd systemd-sysusers:systemd systemd-tmpfiles:systemd ethtool:ethtool
   prometheus-process-exporter:prometheus-process-exporter systemd-nspawn:systemd-container
   mmdebstrap:mmdebstrap podman:podman runc:runc"
+# The remediation service is tested against Slurm's own controller and node daemon, with munge.
+slurm_tools="slurmctld:slurmctld slurmd:slurmd scontrol:slurm-client munged:munge"
 
 have() {  # on PATH, or in an sbin directory a non-root PATH leaves out
   command -v "$1" >/dev/null || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]
@@ -32,7 +34,7 @@ have() {  # on PATH, or in an sbin directory a non-root PATH leaves out
 
 tools="$node_tools"
 [ "$want_demo" = 1 ] && tools="$tools $demo_tools"
-[ "$want_test" = 1 ] && tools="$tools $test_tools"
+[ "$want_test" = 1 ] && tools="$tools $test_tools $slurm_tools"
 need_apt=()
 for pair in $tools; do
   package="${pair#*:}"

@@ -6,41 +6,13 @@ import abc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar
 
+from exporter.family import Family, MetricSpec
 from exporter.nvml import Session
 
 if TYPE_CHECKING:
     from exporter.config import Config
-
-
-@dataclass(frozen=True, eq=False)
-class MetricSpec:
-    """One metric family: the single place its name, type, help and labels are written. Each is a
-    module constant, so it is itself (eq=False): collectors key a scrape's families by spec, and a
-    hash of its fields, help text and all, cost more than the rows added (~180 lookups a scrape)."""
-
-    name: str
-    kind: Literal["counter", "gauge"]
-    help: str
-    labels: tuple[str, ...] = ()
-
-    def family(self) -> Family:
-        return Family(self)
-
-
-class Family:
-    """A metric family built fresh for one scrape: rows of (label values, value)."""
-
-    __slots__ = ("rows", "spec")
-
-    def __init__(self, spec: MetricSpec) -> None:
-        self.spec = spec
-        self.rows: list[tuple[tuple[str, ...], float]] = []
-
-    def add(self, label_values: tuple[str, ...], value: float) -> None:
-        """label_values in the order of spec.labels (checked when first rendered)."""
-        self.rows.append((label_values, value))
 
 
 @dataclass(frozen=True)

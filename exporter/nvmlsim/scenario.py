@@ -14,10 +14,8 @@ from typing import Any
 
 import pynvml
 
-from exporter.config import ConfigError, load_yaml
+from exporter.config import ConfigError, load_yaml, seconds
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _NVML_BUS_ID = re.compile(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]")
 HISTOGRAM_FIELDS = ("max", "high", "partial", "low", "none")
@@ -48,21 +46,6 @@ MODELS: dict[str, dict[str, Any]] = {
 # Error names a scenario may use: pynvml's NVML_ERROR_* constants without the prefix.
 ERROR_CODES = {name.removeprefix("NVML_ERROR_"): value for name, value in vars(pynvml).items()
                if name.startswith("NVML_ERROR_") and isinstance(value, int)}
-
-
-def seconds(value: Any, where: str) -> float:
-    """A duration: a number of seconds, or a string such as "90s", "15m", "1d12h", "2w"."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{where}: want a duration, got {value!r}")
-    if isinstance(value, int | float):
-        if value < 0:
-            raise ConfigError(f"{where}: want a duration >= 0, got {value!r}")
-        return float(value)
-    text = str(value).strip()
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise ConfigError(f"{where}: want a duration such as 90s, 15m, 2h, 3d or 1d12h, got {value!r}")
-    return float(sum(float(n) * _UNIT_SECONDS[u] for n, u in parts))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,36 @@
+"""A metric family: its spec (name, type, help, labels) and one scrape's rows. Shared by the
+exporter's collectors and the remediation service, which render them with exporter.exposition."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True, eq=False)
+class MetricSpec:
+    """One metric family: the single place its name, type, help and labels are written. Each is a
+    module constant, so it is itself (eq=False): collectors key a scrape's families by spec, and a
+    hash of its fields, help text and all, cost more than the rows added (~180 lookups a scrape)."""
+
+    name: str
+    kind: Literal["counter", "gauge"]
+    help: str
+    labels: tuple[str, ...] = ()
+
+    def family(self) -> Family:
+        return Family(self)
+
+
+class Family:
+    """A metric family built fresh for one scrape: rows of (label values, value)."""
+
+    __slots__ = ("rows", "spec")
+
+    def __init__(self, spec: MetricSpec) -> None:
+        self.spec = spec
+        self.rows: list[tuple[tuple[str, ...], float]] = []
+
+    def add(self, label_values: tuple[str, ...], value: float) -> None:
+        """label_values in the order of spec.labels (checked when first rendered)."""
+        self.rows.append((label_values, value))

@@ -1,0 +1,5 @@
+import sys
+
+from remediate.cli import main
+
+sys.exit(main())

@@ -1,0 +1,186 @@
+"""gpunode-remediate: serve (the webhook receiver), status, breaker reset, check."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sqlite3
+import sys
+import threading
+import time
+from pathlib import Path
+
+from exporter import __version__, logs, webconfig
+from exporter.config import ConfigError
+from exporter.http import make_server, parse_listen_address
+from remediate import policy as policies
+
+PROG = "gpunode-remediate"
+DEFAULT_LISTEN = ":19836"
+log = logging.getLogger(PROG)
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(allow_abbrev=False, **kwargs)  # a flag is spelled in full, as node_exporter wants
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{PROG}: error: {message}\n")
+        sys.exit(2)
+
+
+def _listen_address(value: str) -> str:
+    try:
+        parse_listen_address(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Turns the rule pack's alerts into scheduler actions: drain, reboot or "
+                     "GPU reset once idle, return to service. Dry run unless the policy says mode: enforce.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("--config.file", dest="config_file", type=Path, required=True, metavar="FILE",
+                       help="the policy (YAML; docs/remediation.md)")
+        return p
+
+    serve = command("serve", "receive Alertmanager's webhooks on /alerts and act on them")
+    serve.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN, type=_listen_address,
+                       metavar="[HOST]:PORT", help=f"address to listen on (default: {DEFAULT_LISTEN})")
+    serve.add_argument("--web.config.file", dest="web_config", type=Path, metavar="FILE",
+                       help="exporter-toolkit web config: TLS and basic auth")
+    serve.add_argument("--web.bearer-token-file", dest="token_file", type=Path, metavar="FILE",
+                       help="requests must carry this token (Authorization: Bearer), as Alertmanager's "
+                       "http_config.authorization.credentials_file sends it")
+    serve.add_argument("--log.level", dest="log_level", default="info", choices=("debug", "info", "warn", "error"),
+                       help="log level (default: info)")
+    command("status", "nodes held and in the service's care: why, since when, what comes next")
+    command("check", "validate the policy: exit 0, or 2 with one line")
+    breaker = sub.add_parser("breaker", help="the circuit breaker", description="The circuit breaker.")
+    breaker_sub = breaker.add_subparsers(dest="breaker_command", metavar="COMMAND", required=True,
+                                         parser_class=_Parser)
+    reset = breaker_sub.add_parser("reset", help="close the circuit breaker (a person's decision)",
+                                   description="Close the circuit breaker: new drains may happen again.")
+    reset.add_argument("--config.file", dest="config_file", type=Path, required=True, metavar="FILE",
+                       help="the policy (YAML)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        policy = policies.load(args.config_file)
+        web = webconfig.load(args.web_config) if args.command == "serve" else None
+        token = _token(args.token_file) if args.command == "serve" and args.token_file else None
+    except ConfigError as err:
+        parser.error(str(err))
+    if args.command == "check":
+        print(f"{args.config_file}: valid ({policy.mode}, scheduler {policy.scheduler.kind}, "
+              f"{len(policy.rules)} rules)")
+        return 0
+    from remediate.state import State
+
+    if args.command == "serve":
+        return _serve(args, policy, web, token)
+    try:
+        state = State(policy.state_path, readonly=args.command == "status")
+    except (OSError, sqlite3.Error) as err:
+        sys.stderr.write(f"{PROG}: error: {err}\n")
+        return 1
+    if args.command == "status":
+        print(status_text(policy, state, time.time()), end="")
+        return 0
+    was_open, since, why = state.breaker()
+    state.set_breaker(False, time.time(), "reset by a person")
+    print(f"circuit breaker closed (it was {'open since ' + _when(since) + ': ' + why if was_open else 'closed'})")
+    return 0
+
+
+def _token(path: Path) -> bytes:
+    try:
+        token = path.read_bytes().strip()
+    except OSError as err:
+        raise ConfigError(f"cannot read {path}: {err.strerror}") from None
+    if not token:
+        raise ConfigError(f"{path}: empty bearer token")
+    return token
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t))
+
+
+_NEXT = {
+    "drained": "returns when its alerts have been resolved for the quiet period",
+    "reset_wait": "GPU reset once no job runs on it",
+    "reset_done": "returns when resolved for the quiet period and its exporter sees every GPU",
+    "reboot_wait": "the scheduler reboots it once idle",
+    "rebooted": "returns when resolved for the quiet period and its exporter sees every GPU",
+    "held": "waits for a person: resume it in the scheduler when fixed",
+}
+
+
+def status_text(policy: policies.Policy, state: object, now: float) -> str:
+    records = state.records()
+    is_open, since, why = state.breaker()
+    history = state.history(policy, now)
+    lines = [f"mode: {policy.mode}",
+             f"circuit breaker: {'OPEN since ' + _when(since) + ': ' + why if is_open else 'closed'}",
+             f"drained in the last {policy.budget.window / 3600:g}h: {history.budget_used} node(s)"]
+    if not records:
+        lines.append("no node in the service's care")
+    for record in sorted(records.values(), key=lambda r: (r.phase != "held", r.node)):
+        gpus = f" gpu {','.join(record.gpus)}" if record.gpus else ""
+        lines.append(f"{record.node}  {record.phase}  since {_when(record.since)}  {record.action}{gpus}: "
+                     f"{record.why}; next: {_NEXT.get(record.phase, '?')}")
+    for node, (note, at) in sorted(state.notes().items()):
+        if node not in records:
+            lines.append(f"{node}  left alone since {_when(at)}: {note}")
+    return "\n".join(lines) + "\n"
+
+
+def _serve(args: argparse.Namespace, policy: policies.Policy, web: webconfig.WebConfig, token: bytes | None) -> int:
+    from remediate.engine import Engine
+    from remediate.scheduler import build
+    from remediate.server import make_handler
+    from remediate.state import State
+
+    logs.setup(args.log_level)
+    try:
+        state = State(policy.state_path)
+    except (OSError, sqlite3.Error) as err:  # a broken state file is said, not traced
+        sys.stderr.write(f"{PROG}: error: state file {policy.state_path}: {err}\n")
+        return 1
+    engine = Engine(policy, state, build(policy))
+    try:
+        server = make_server(args.listen, make_handler(engine, web, token), web)
+    except OSError as err:
+        sys.stderr.write(f"{PROG}: error: cannot listen on {args.listen}: {err.strerror}\n")
+        return 1
+    log.info("listening on %s (%s); mode %s%s", args.listen, "TLS" if web.ssl_context else "plain HTTP",
+             policy.mode, "" if policy.enforce else ": decisions are logged, the scheduler is not called")
+    stop = threading.Event()
+    worker = threading.Thread(target=engine.run_forever, args=(stop,), name="remediate", daemon=True)
+    worker.start()
+    engine.wake.set()
+
+    def _shutdown(signum: int, _frame: object) -> None:
+        log.info("received signal %d, shutting down", signum)
+        stop.set()
+        engine.wake.set()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, _shutdown)
+    signal.signal(signal.SIGINT, _shutdown)
+    server.serve_forever()
+    server.server_close()
+    worker.join(timeout=policy.scheduler.timeout + 5)
+    state.close()
+    return 0

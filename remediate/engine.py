@@ -1,0 +1,205 @@
+"""The service's one worker: takes notifications into the state file, looks at the scheduler, plans
+and carries out (or, in a dry run, records) each step. One thread makes every scheduler call, so
+two notifications never race to the same node."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
+
+from remediate import health
+from remediate.alerts import Notification
+from remediate.command import CommandError, run
+from remediate.plan import MARKER, NodeView, Record, Step, plan
+from remediate.policy import Policy
+from remediate.scheduler import Scheduler
+from remediate.state import State
+
+log = logging.getLogger("gpunode-remediate")
+_FORGET_AFTER = 35 * 86400.0  # resolved alerts kept this long (longer than any window reading them)
+
+
+class Engine:
+    def __init__(self, policy: Policy, state: State, scheduler: Scheduler,
+                 clock: Callable[[], float] = time.time,
+                 healthy: Callable[[str, Policy], str | None] = health.check) -> None:
+        self.policy = policy
+        self.state = state
+        self.scheduler = scheduler
+        self.clock = clock
+        self.healthy = healthy
+        self.wake = threading.Event()
+        self.lock = threading.Lock()
+        # Counters since start, read by /metrics.
+        self.actions: Counter[tuple[str, str]] = Counter()
+        self.alerts: Counter[str] = Counter()
+        self.notifications = 0
+        self.webhook_errors: Counter[str] = Counter()
+        self.reconciles: Counter[str] = Counter()
+        self.decision_seconds = 0.0
+        self.decisions = 0
+        self.last_decision_seconds = 0.0
+        self.last_reconcile = 0.0
+        self.listed = 0
+        self._waiting_since: float | None = None  # the oldest notification not yet acted on
+        for action in state.interrupted(clock()):
+            self._interrupted(action.node, action.kind)
+
+    def _interrupted(self, node: str, kind: str) -> None:
+        """A call cut short by a restart. The scheduler shows whether a drain, reboot or resume took
+        effect; a reset command's outcome cannot be seen, so the node waits for a person."""
+        log.warning("%s: %s was cut short by a restart; looking at the scheduler before anything else", node, kind)
+        if kind == "reset":
+            records = self.state.records()
+            old = records.get(node)
+            self.state.set_record(node, "held", "hold", "reset command cut short by a restart: outcome unknown",
+                                  self.clock(), old.gpus if old else ())
+
+    def receive(self, notification: Notification, received: float) -> int:
+        """Store a notification's alerts; wake the worker. How many alerts changed what is known."""
+        pairs = [(alert, self.policy.node(alert.labels)) for alert in notification.alerts]
+        changed = self.state.record_alerts(pairs, received)
+        with self.lock:
+            self.notifications += 1
+            for alert in notification.alerts:
+                self.alerts[alert.status] += 1
+            if changed and self._waiting_since is None:
+                self._waiting_since = received
+        self.wake.set()
+        return changed
+
+    def run_forever(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.wake.wait(self.policy.interval)
+            self.wake.clear()
+            if stop.is_set():
+                break
+            self.reconcile()
+
+    def _views(self, records: dict[str, Record]) -> dict[str, NodeView]:
+        views = self.scheduler.nodes(with_jobs=self.policy.requeue.enabled)
+        if self.policy.enforce:
+            return views
+        # A dry run changes nothing in the scheduler: the nodes it would have taken are shown to
+        # the plan as taken, so it goes on as it would (a reboot done, a reset once idle).
+        for node, record in records.items():
+            if node in views:
+                down = record.phase in ("reboot_wait", "rebooted")
+                views[node] = replace(views[node], state="down" if down else "idle", flags=frozenset({"drain"}),
+                                      reason=f"{MARKER} {record.action} (dry run)")
+        return views
+
+    def reconcile(self) -> list[Step]:
+        with self.lock:
+            waiting, self._waiting_since = self._waiting_since, None
+        now = self.clock()
+        records = self.state.records()
+        try:
+            views = self._views(records)
+        except CommandError as err:
+            self.reconciles["scheduler_error"] += 1
+            log.error("cannot list the scheduler's nodes: %s", err)
+            return []
+        self.listed = len(views)
+        steps = plan(now, self.policy, views, self.state.firing(), self.state.last_resolved(), records,
+                     self.state.history(self.policy, now), len(views))
+        for step in steps:
+            if waiting is not None and step.calls:
+                self._decided(self.clock() - waiting)
+                waiting = None
+            self._apply(step, records.get(step.node), now)
+        if waiting is not None:
+            self._decided(self.clock() - waiting)
+        self.state.forget_alerts(now - _FORGET_AFTER)
+        self.reconciles["ok"] += 1
+        self.last_reconcile = now
+        return steps
+
+    def _decided(self, seconds: float) -> None:
+        self.decision_seconds += seconds
+        self.decisions += 1
+        self.last_decision_seconds = seconds
+
+    def _apply(self, step: Step, record: Record | None, now: float) -> None:
+        if step.kind == "block":
+            if not self.state.breaker()[0]:
+                self.state.set_breaker(True, now, step.why)
+                log.error("circuit breaker opened: %s; no node is drained until a person runs "
+                          "`gpunode-remediate breaker reset`", step.why)
+            self._note(step.node, f"not drained: {step.why}", now)
+            self.actions[("drain", "blocked")] += 1
+        elif step.kind == "note":
+            if step.phase is not None and record is not None:
+                self.state.set_record(step.node, step.phase, step.action, step.why, now, step.gpus)
+                log.info("%s: %s (now %s)", step.node, step.why, step.phase)
+            else:
+                self._note(step.node, step.why, now)
+        elif step.kind == "adopt":
+            self.state.set_record(step.node, step.phase, step.action, step.why, now, step.gpus)
+            log.warning("%s: %s (%r); taken back as %s", step.node, step.why, step.reason, step.phase)
+        elif step.kind == "release":
+            self.state.set_record(step.node, None, "", "", now, ())
+            log.warning("%s: %s; no longer in this service's care", step.node, step.why)
+        else:
+            self._call(step, record, now)
+
+    def _note(self, node: str, why: str, now: float) -> None:
+        if self.state.note(node, why, now):
+            log.warning("%s: %s", node, why)
+
+    def _call(self, step: Step, record: Record | None, now: float) -> None:
+        retries = self.policy.scheduler.retries
+        failed, last = self.state.failures(step.node, step.kind, now - 86400)
+        if failed > retries:
+            self._note(step.node, f"{step.kind} failed {failed} times: a person must look", now)
+            return
+        if failed and now - last < 2.0 ** failed:
+            return  # backing off
+        if step.kind == "reset" and not self.policy.reset_command:
+            step = replace(step, kind="hold", phase="held", action="hold", why="no reset_command configured",
+                           reason=f"{MARKER} hold GPU reset needed, no reset_command configured")
+        if step.health and self.policy.enforce:
+            trouble = self.healthy(step.node, self.policy)
+            if trouble:
+                self._note(step.node, f"not returned: {trouble}", now)
+                return
+        action_id = self.state.begin(step, now)
+        status, error = "dry_run", ""
+        if self.policy.enforce:
+            try:
+                self._carry_out(step)
+                status = "done"
+            except CommandError as err:
+                status, error = "failed", str(err)
+        self.state.finish(action_id, status, self.clock(), error)
+        self.actions[(step.kind, status)] += 1
+        if status == "failed" and step.kind == "reset":  # did it reset or not? a person looks
+            self.state.set_record(step.node, "held", "hold", f"reset failed: {error}", now, step.gpus)
+            log.error("%s: reset failed, held for a person: %s", step.node, error)
+            return
+        if status == "failed":
+            log.error("%s: %s failed (try %d of %d): %s", step.node, step.kind, failed + 1, retries + 1, error)
+            return
+        log.info("%s: %s%s: %s%s", step.node, step.kind, " (dry run)" if status == "dry_run" else "", step.why,
+                 f" [{step.reason}]" if step.reason else "")
+        self.state.note(step.node, None, now)
+        if step.kind != "requeue":
+            since = record.since if record and record.phase == step.phase else now
+            self.state.set_record(step.node, step.phase, step.action, step.why, since, step.gpus)
+
+    def _carry_out(self, step: Step) -> None:
+        if step.kind in ("drain", "hold"):
+            self.scheduler.drain(step.node, step.reason)
+        elif step.kind == "reboot":
+            self.scheduler.reboot(step.node, step.reason)
+        elif step.kind == "resume":
+            self.scheduler.resume(step.node)
+        elif step.kind == "requeue":
+            self.scheduler.requeue(step.job)
+        elif step.kind == "reset":
+            values = {"node": step.node, "gpu": ",".join(step.gpus) or "all"}
+            run([word.format_map(values) for word in self.policy.reset_command], self.policy.reset_timeout)

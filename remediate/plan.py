@@ -1,0 +1,268 @@
+"""What to do with each node: a pure function of the firing alerts, what the scheduler shows, what
+this service did before and the time. The service carries the steps out (or, in a dry run, only
+records them); the fleet replay runs this same function over simulated timelines.
+
+A node moves through phases kept in the state file:
+  drained      drained for an alert; returns when its alerts have been resolved for the quiet period
+  reset_wait   drained; its GPUs are reset once no job runs on it, then reset_done
+  reboot_wait  the scheduler reboots it once idle and keeps it down, then rebooted
+  reset_done, rebooted   return when resolved for the quiet period and its exporter sees every GPU
+  held         waits for a person, who resumes it in the scheduler; never returned automatically
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from remediate.alerts import Alert
+from remediate.policy import ACTIONS, Policy
+
+MARKER = "gpunode:"  # every drain reason this service writes begins with it
+RETURNING = {"drained": False, "reset_done": True, "rebooted": True}  # phase -> health check first
+_PHASE_OF = {"drain": "drained", "reset": "reset_wait", "reboot": "reboot_wait", "hold": "held"}
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node as the scheduler lists it."""
+
+    name: str
+    state: str  # base state, lower case: idle, allocated, mixed, down, ...
+    flags: frozenset[str] = frozenset()  # drain, reboot_requested, reboot_issued, reserved, ...
+    reason: str = ""
+    jobs: tuple[str, ...] = ()
+
+    @property
+    def ours(self) -> bool:
+        return self.reason.startswith(MARKER)
+
+    @property
+    def busy(self) -> bool:
+        return self.state in ("allocated", "mixed", "completing") or "completing" in self.flags
+
+    @property
+    def out_of_service(self) -> bool:
+        """Drained, down or reserved: if not by this service, by a person or the scheduler."""
+        return (bool(self.flags & {"drain", "reserved", "maintenance", "fail"})
+                or self.state in ("down", "drained", "fail", "future", "unknown"))
+
+    @property
+    def rebooting(self) -> bool:
+        return bool(self.flags & {"reboot_requested", "reboot_issued"})
+
+
+@dataclass(frozen=True)
+class Record:
+    """What this service holds of a node it took out of service."""
+
+    node: str
+    phase: str
+    action: str
+    why: str
+    since: float
+    gpus: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class History:
+    """Counts from the action log, as of now."""
+
+    drains: Mapping[str, int] = field(default_factory=dict)  # node -> drains in repeat_offender.window
+    reboots: Mapping[str, int] = field(default_factory=dict)  # node -> reboots in reboot_repeat_window
+    budget_used: int = 0  # nodes drained in budget.window
+    breaker_open: bool = False
+    requeues: Mapping[str, tuple[int, float]] = field(default_factory=dict)  # job -> (count, last at)
+
+
+@dataclass(frozen=True)
+class Step:
+    node: str
+    kind: str  # drain reboot reset resume requeue hold: calls; adopt release note block: bookkeeping
+    why: str
+    phase: str | None = None  # the node's phase once the step is done; None: forget the node
+    action: str = ""
+    reason: str = ""  # the drain reason the step writes
+    new_drain: bool = False  # takes a node into service's care: counts against budget and repeats
+    gpus: tuple[str, ...] = ()
+    job: str = ""
+    fingerprints: tuple[str, ...] = ()
+    health: bool = False  # ask the node's exporter for its GPU count first
+
+    @property
+    def calls(self) -> bool:
+        return self.kind in ("drain", "reboot", "reset", "resume", "requeue", "hold")
+
+
+@dataclass(frozen=True)
+class Wanted:
+    action: str
+    why: str
+    alertname: str
+    gpus: tuple[str, ...]
+    fingerprints: tuple[str, ...]
+    labels: Mapping[str, str]
+
+
+def wanted(policy: Policy, alerts: Iterable[Alert]) -> Wanted | None:
+    """The strongest action the node's firing alerts ask for (None: none asks for one)."""
+    best: tuple[int, Alert, str] | None = None
+    gpus: set[str] = set()
+    fingerprints = []
+    for alert in alerts:
+        rule = policy.action(alert.labels)
+        if rule is None or rule.action == "none":
+            continue
+        rank = ACTIONS.index(rule.action)
+        fingerprints.append(alert.fingerprint)
+        if alert.labels.get("gpu"):
+            gpus.add(alert.labels["gpu"])
+        if best is None or rank > best[0]:
+            best = (rank, alert, rule.why)
+    if best is None:
+        return None
+    rank, alert, why = best
+    return Wanted(ACTIONS[rank], why, alert.name, tuple(sorted(gpus, key=lambda g: (len(g), g))),
+                  tuple(sorted(fingerprints)), alert.labels)
+
+
+def drain_reason(action: str, want: Wanted, extra: str = "") -> str:
+    """`gpunode: reboot GpuXidHardwareFault xid=79 gpu=3`: what sinfo -R shows an operator."""
+    details = [f"{k}={want.labels[k]}" for k in ("xid", "action", "gpu") if want.labels.get(k)]
+    text = " ".join([MARKER, action, want.alertname, *details]) + (f" ({extra})" if extra else "")
+    return text[:200]
+
+
+def plan(now: float, policy: Policy, views: Mapping[str, NodeView], firing: Mapping[str, Sequence[Alert]],
+         last_resolved: Mapping[str, float], records: Mapping[str, Record], history: History,
+         listed: int) -> list[Step]:
+    """Steps for every node that has firing alerts or a record, first-alerted node first (it gets the
+    budget first). `last_resolved`: node -> when its latest alert resolved."""
+    budget = policy.budget.nodes(listed)
+    used = history.budget_used
+    breaker_open = history.breaker_open
+    steps: list[Step] = []
+    # Nodes drained with this service's marker but in no record were cut short by a restart (or the
+    # state file is new): taken back into care.
+    strays = {name for name, view in views.items() if view.ours and name not in records}
+    order = sorted(set(firing) | set(records) | strays,
+                   key=lambda n: (min((a.starts_at for a in firing.get(n, ())), default=float("inf")), n))
+    for node in order:
+        want = wanted(policy, firing.get(node, ()))
+        record = records.get(node)
+        view = views.get(node)
+        if record is None:
+            if node in strays:
+                steps.append(_adopt(node, views[node], want))
+                continue
+            if want is None:
+                continue
+            step = _take(node, want, view, history, policy)
+            if step.new_drain:
+                if breaker_open or used >= budget:
+                    why = (f"circuit breaker open: {used} of {budget} nodes drained in "
+                           f"{policy.budget.window / 3600:g}h" if not breaker_open else "circuit breaker open")
+                    steps.append(Step(node, "block", why, fingerprints=want.fingerprints))
+                    breaker_open = True
+                    continue
+                used += 1
+            steps.append(step)
+        else:
+            steps.extend(_follow(now, policy, node, want, view, record, history, last_resolved.get(node)))
+    return steps
+
+
+def _take(node: str, want: Wanted, view: NodeView | None, history: History, policy: Policy) -> Step:
+    """A node not yet in this service's care, whose alerts ask for an action."""
+    fp = want.fingerprints
+    if view is None:
+        return Step(node, "note", "the scheduler lists no such node", fingerprints=fp)
+    if view.out_of_service and not view.ours:
+        return Step(node, "note", f"left alone: out of service by someone else ({view.reason or view.state})",
+                    fingerprints=fp)
+    action = want.action
+    held = ""
+    if action == "reboot" and history.reboots.get(node, 0) >= 1:
+        held = f"a second reboot fault within {policy.reboot_repeat_window / 86400:g}d"
+    elif history.drains.get(node, 0) + 1 >= policy.repeat_offender.drains:
+        held = (f"repeat offender: drain {history.drains.get(node, 0) + 1} within "
+                f"{policy.repeat_offender.window / 86400:g}d")
+    if held:
+        return Step(node, "drain", held, phase="held", action="hold", reason=drain_reason("hold", want, held),
+                    new_drain=True, gpus=want.gpus, fingerprints=fp)
+    kind = "reboot" if action == "reboot" else "drain"
+    return Step(node, kind, want.why, phase=_PHASE_OF[action], action=action, reason=drain_reason(action, want),
+                new_drain=True, gpus=want.gpus, fingerprints=fp)
+
+
+def _adopt(node: str, view: NodeView, want: Wanted | None) -> Step:
+    """A node drained with this service's marker, its phase read back from the reason it wrote."""
+    words = view.reason.removeprefix(MARKER).split()
+    action = words[0] if words and words[0] in _PHASE_OF else "drain"
+    phase = _PHASE_OF[action]
+    if action == "reboot" and view.state == "down" and not view.rebooting:
+        phase = "rebooted"
+    return Step(node, "adopt", "drained by this service before", phase=phase, action=action, reason=view.reason,
+                gpus=want.gpus if want else (), fingerprints=want.fingerprints if want else ())
+
+
+def _follow(now: float, policy: Policy, node: str, want: Wanted | None, view: NodeView | None,
+            record: Record, history: History, resolved_at: float | None) -> list[Step]:
+    """A node in this service's care."""
+    fp = want.fingerprints if want else ()
+    if view is None:
+        return [Step(node, "release", "the scheduler no longer lists it")]
+    if not view.ours and not (record.phase == "reboot_wait" and view.rebooting):
+        # A person resumed it or wrote their own reason: theirs now.
+        return [Step(node, "release", f"taken over by someone else ({view.reason or view.state})")]
+    if record.phase == "held":
+        return []
+    if want is not None and ACTIONS.index(want.action) > ACTIONS.index(record.action):
+        if want.action == "hold" or (want.action == "reboot" and history.reboots.get(node, 0) >= 1):
+            why = want.why if want.action == "hold" else "a second reboot fault"
+            return [Step(node, "hold", why, phase="held", action="hold", reason=drain_reason("hold", want, why),
+                         gpus=want.gpus, fingerprints=fp)]
+        if want.action == "reboot":
+            return [Step(node, "reboot", want.why, phase="reboot_wait", action="reboot",
+                         reason=drain_reason("reboot", want), gpus=want.gpus, fingerprints=fp)]
+        if record.phase == "drained":  # drain -> reset
+            return [Step(node, "note", want.why, phase="reset_wait", action="reset",
+                         gpus=tuple(sorted(set(record.gpus) | set(want.gpus))), fingerprints=fp)]
+    if record.phase == "reset_wait":
+        if view.busy:
+            return []
+        return [Step(node, "reset", "no job runs on it", phase="reset_done", action=record.action,
+                     gpus=record.gpus, fingerprints=fp)]
+    if record.phase == "reboot_wait":
+        if view.rebooting or view.state != "down":
+            return []
+        return [Step(node, "note", "rebooted", phase="rebooted", action=record.action, gpus=record.gpus)]
+    steps = []
+    if record.phase == "drained" and policy.requeue.enabled:
+        steps = _requeue(now, policy, node, view, record, history)
+        if steps:
+            return steps
+    if want is None and record.phase in RETURNING:
+        quiet_since = max(resolved_at or record.since, record.since)
+        if now - quiet_since >= policy.quiet_period:
+            return [Step(node, "resume", f"alerts resolved for {policy.quiet_period / 60:g} min", phase=None,
+                         action=record.action, gpus=record.gpus,
+                         health=RETURNING[record.phase] and policy.health_check.enabled)]
+    return steps
+
+
+def _requeue(now: float, policy: Policy, node: str, view: NodeView, record: Record,
+             history: History) -> list[Step]:
+    """The straggler's running jobs restart without it, with the report's backoff between requeues."""
+    backoff = policy.requeue.backoff
+    steps = []
+    for job in view.jobs:
+        count, last = history.requeues.get(job, (0, 0.0))
+        if count > len(backoff):
+            why = f"job {job} requeued {count} times"
+            return [Step(node, "hold", why, phase="held", action="hold",
+                         reason=f"{MARKER} hold {record.why} ({why})"[:200])]
+        if count == 0 or now - last >= backoff[count - 1]:
+            steps.append(Step(node, "requeue", f"requeue {count + 1} of job {job}", phase=record.phase,
+                              action=record.action, job=job, gpus=record.gpus))
+    return steps

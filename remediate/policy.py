@@ -1,0 +1,291 @@
+"""The policy file: which alert asks for which node action, and the limits on acting.
+
+Every key has a default; an unknown key or a wrong type is one line naming the key (exit 2), as
+the exporter's --config.file and the rule spec are.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from exporter.config import ConfigError, load_yaml, seconds
+
+# Node actions, mildest first: a node wanted for several takes the strongest.
+ACTIONS = ("none", "drain", "reset", "reboot", "hold")
+DEFAULT_STATE = Path("/var/lib/gpunode-remediate/state.db")
+# The host part of an `instance` label: "gpu071:19835" or "gpu071.cluster.local:19835" -> gpu071.
+DEFAULT_NODE_PATTERN = r"^\[?([^:.\]]+)"
+
+_STRAGGLER = "the node slows its job: it takes no new job"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Alerts named `alertname` whose labels match `labels` (regexes, fully anchored) ask for `action`."""
+
+    alertname: str
+    action: str
+    labels: tuple[tuple[str, re.Pattern[str]], ...] = ()
+    why: str = ""
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        return labels.get("alertname") == self.alertname and all(
+            pattern.fullmatch(labels.get(name, "")) for name, pattern in self.labels)
+
+
+def _rule(alertname: str, do: str, why: str, **labels: str) -> Rule:
+    return Rule(alertname, do, tuple((k, re.compile(v)) for k, v in labels.items()), why)
+
+
+# The Lablup B200 operations report's Xid-aware branching (sections 2.3 and 4.3): hardware-action
+# Xids isolate the node, RESTART_BM reboots it, RESET_GPU resets the GPU, application Xids are only
+# recorded; what a reset or reboot cannot cure waits for a person. First match wins.
+DEFAULT_RULES: tuple[Rule, ...] = (
+    _rule("GpuXidHardwareFault", "reboot", "Xid needs a node reboot", action="RESTART_BM|RESTART_VM"),
+    _rule("GpuXidHardwareFault", "reset", "Xid needs a GPU reset", action="RESET_GPU"),
+    _rule("GpuXidHardwareFault", "hold", "Xid needs a person", action="CONTACT_SUPPORT|CHECK_MECHANICALS|UPDATE_SWFW"),
+    _rule("GpuXidHardwareFault", "drain", "hardware Xid: diagnose before the next job"),
+    _rule("GpuRecoveryActionRequired", "reboot", "driver asks for a node reboot",
+          action="RESTART_BM|SYSTEM_REBOOT"),
+    _rule("GpuRecoveryActionRequired", "reset", "driver asks for a GPU reset",
+          action="RESET_GPU|DRAIN_AND_RESET|BUS_RESET"),
+    _rule("GpuRecoveryActionRequired", "drain", "driver asks to drain the node"),
+    _rule("GpuDown", "reboot", "a GPU fell off the bus"),
+    _rule("GpuNodeGpuMissing", "reboot", "the node sees fewer GPUs than it has"),
+    _rule("GpuRowRemapPending", "reset", "row remaps wait for a GPU reset"),
+    _rule("GpuRowRemapFailure", "hold", "row remapping failed: replace the GPU"),
+    _rule("GpuRowRemapBanksExhausted", "hold", "a memory bank has no spare rows left"),
+    _rule("GpuRowRemapUncorrectableIncrease", "hold", "uncorrectable row remaps rise"),
+    _rule("GpuNodeClockThrottled", "drain", _STRAGGLER),
+    _rule("GpuNvLinkDegraded", "drain", _STRAGGLER),
+    _rule("GpuNodeFabricLinkErrors", "drain", _STRAGGLER),
+    _rule("GpuPcieLinkDegraded", "drain", _STRAGGLER),
+    _rule("GpuNodeHostStarved", "drain", _STRAGGLER),
+    _rule("GpuXidApplicationFault", "none", "application Xid: the job retries, the node stays"),
+)
+
+
+@dataclass(frozen=True)
+class Budget:
+    fraction: float = 0.05  # of the nodes the scheduler lists
+    minimum: int = 1
+    window: float = 86400.0
+
+    def nodes(self, listed: int) -> int:
+        return max(self.minimum, int(self.fraction * listed))
+
+
+@dataclass(frozen=True)
+class RepeatOffender:
+    drains: int = 3
+    window: float = 7 * 86400.0
+
+
+@dataclass(frozen=True)
+class Requeue:
+    enabled: bool = False
+    backoff: tuple[float, ...] = (600.0, 1200.0, 2400.0)  # between requeues of one job; then hold
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    kind: str = "slurm"
+    scontrol: str = "scontrol"
+    timeout: float = 30.0
+    retries: int = 5  # a failed call is tried again after 2, 4, 8 ... s, at most this many times
+    # kind: commands; argv templates with {node}, {reason}, {job}; `nodes` prints JSON (docs).
+    commands: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    # The node's exporter, asked for its GPU count before a rebooted or reset node returns.
+    url: str = "http://{node}:19835/metrics"
+    timeout: float = 5.0
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class Policy:
+    mode: str = "dry-run"
+    state_path: Path = DEFAULT_STATE
+    scheduler: Scheduler = field(default_factory=Scheduler)
+    node_label: str = "instance"
+    node_pattern: re.Pattern[str] = re.compile(DEFAULT_NODE_PATTERN)
+    budget: Budget = field(default_factory=Budget)
+    repeat_offender: RepeatOffender = field(default_factory=RepeatOffender)
+    reboot_repeat_window: float = 7 * 86400.0  # a second reboot Xid within it holds the node
+    quiet_period: float = 900.0
+    reset_command: tuple[str, ...] = ()
+    reset_timeout: float = 600.0
+    requeue: Requeue = field(default_factory=Requeue)
+    health_check: HealthCheck = field(default_factory=HealthCheck)
+    interval: float = 15.0  # how often the scheduler is looked at without a notification
+    rules: tuple[Rule, ...] = DEFAULT_RULES
+
+    @property
+    def enforce(self) -> bool:
+        return self.mode == "enforce"
+
+    def action(self, labels: dict[str, str]) -> Rule | None:
+        return next((rule for rule in self.rules if rule.matches(labels)), None)
+
+    def node(self, labels: dict[str, str]) -> str | None:
+        match = self.node_pattern.search(labels.get(self.node_label, ""))
+        return match.group(1) if match and match.group(1) else None
+
+
+COMMAND_NAMES = ("nodes", "drain", "resume", "reboot", "requeue")
+
+
+def _keys(data: Any, known: set[str], where: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'top level'}: want a mapping, got {type(data).__name__}")
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"unknown key '{where + '.' if where else ''}{key}'")
+    return data
+
+
+def _number(value: Any, where: str, low: float = 0, high: float = float("inf"), whole: bool = False) -> float:
+    kinds = int if whole else int | float
+    if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
+        raise ConfigError(f"key '{where}': want a {'whole ' if whole else ''}number from {low:g} to {high:g}, "
+                          f"got {value!r}")
+    return value
+
+
+def _string(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"key '{where}': want a string, got {value!r}")
+    return value
+
+
+def _argv(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"key '{where}': want a command as a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def _regex(value: Any, where: str) -> re.Pattern[str]:
+    try:
+        return re.compile(_string(value, where))
+    except re.error as err:
+        raise ConfigError(f"key '{where}': not a regular expression: {err}") from None
+
+
+def _duration(value: Any, where: str) -> float:
+    return seconds(value, f"key '{where}'")
+
+
+def _section(cls: type, data: Any, where: str, fields_: dict[str, Any]) -> Any:
+    data = _keys(data, set(fields_), where)
+    return cls(**{k: fields_[k](v, f"{where}.{k}") for k, v in data.items()})
+
+
+def _scheduler(data: Any, where: str) -> Scheduler:
+    data = _keys(data, {"kind", "scontrol", "timeout", "retries", "commands"}, where)
+    kind = data.get("kind", "slurm")
+    if kind not in ("slurm", "commands"):
+        raise ConfigError(f"key '{where}.kind': want slurm or commands, got {kind!r}")
+    commands = _keys(data.get("commands", {}), set(COMMAND_NAMES), f"{where}.commands")
+    if kind == "commands":
+        missing = [name for name in COMMAND_NAMES if name not in commands and name != "requeue"]
+        if missing:
+            raise ConfigError(f"key '{where}.commands': kind commands needs {', '.join(missing)}")
+    return Scheduler(
+        kind=kind, scontrol=_string(data.get("scontrol", "scontrol"), f"{where}.scontrol"),
+        timeout=_duration(data.get("timeout", 30), f"{where}.timeout"),
+        retries=int(_number(data.get("retries", 5), f"{where}.retries", 0, 100, whole=True)),
+        commands={k: _argv(v, f"{where}.commands.{k}") for k, v in commands.items()})
+
+
+def _rules(value: Any, where: str) -> tuple[Rule, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"key '{where}': want a list of rules, got {value!r}")
+    rules = []
+    for n, item in enumerate(value):
+        at = f"{where}[{n}]"
+        item = _keys(item, {"alertname", "action", "labels", "why"}, at)
+        action = item.get("action")
+        if action not in ACTIONS:
+            raise ConfigError(f"key '{at}.action': want one of {', '.join(ACTIONS)}, got {action!r}")
+        labels = _keys(item.get("labels", {}), set(item.get("labels", {}) or {}), f"{at}.labels")
+        rules.append(Rule(_string(item.get("alertname"), f"{at}.alertname"), action,
+                          tuple((k, _regex(v, f"{at}.labels.{k}")) for k, v in labels.items()),
+                          str(item.get("why", ""))))
+    return tuple(rules)
+
+
+def _mode(value: Any, where: str) -> str:
+    if value not in ("dry-run", "enforce"):
+        raise ConfigError(f"key '{where}': want dry-run or enforce, got {value!r}")
+    return value
+
+
+def _node_pattern(value: Any, where: str) -> re.Pattern[str]:
+    pattern = _regex(value, where)
+    if pattern.groups < 1:
+        raise ConfigError(f"key '{where}': want a group that captures the node name, got {value!r}")
+    return pattern
+
+
+def _placeholders(value: Any, where: str, allowed: set[str]) -> tuple[str, ...]:
+    argv = _argv(value, where)
+    for word in argv:
+        for name in re.findall(r"{(\w*)}", word):
+            if name not in allowed:
+                raise ConfigError(f"key '{where}': unknown placeholder {{{name}}} (known: "
+                                  f"{', '.join(sorted(allowed))})")
+    return argv
+
+
+def build(data: Any) -> Policy:
+    data = _keys(data, {f for f in Policy.__dataclass_fields__}, "")
+    parse = {
+        "mode": _mode,
+        "state_path": lambda v, w: Path(_string(v, w)),
+        "scheduler": _scheduler,
+        "node_label": _string,
+        "node_pattern": _node_pattern,
+        "budget": lambda v, w: _section(Budget, v, w, {
+            "fraction": lambda x, at: float(_number(x, at, 0, 1)),
+            "minimum": lambda x, at: int(_number(x, at, 0, 1e6, whole=True)), "window": _duration}),
+        "repeat_offender": lambda v, w: _section(RepeatOffender, v, w, {
+            "drains": lambda x, at: int(_number(x, at, 1, 1000, whole=True)), "window": _duration}),
+        "reboot_repeat_window": _duration,
+        "quiet_period": _duration,
+        "reset_command": lambda v, w: _placeholders(v, w, {"node", "gpu"}),
+        "reset_timeout": _duration,
+        "requeue": lambda v, w: _section(Requeue, v, w, {
+            "enabled": _boolean, "backoff": lambda x, at: tuple(
+                _duration(item, f"{at}[{n}]") for n, item in enumerate(_list(x, at)))}),
+        "health_check": lambda v, w: _section(HealthCheck, v, w, {
+            "url": _string, "timeout": _duration, "enabled": _boolean}),
+        "interval": lambda v, w: max(1.0, _duration(v, w)),
+        "rules": _rules,
+    }
+    policy = Policy(**{key: parse[key](value, key) for key, value in data.items()})
+    if policy.scheduler.kind == "commands":
+        for name, argv in policy.scheduler.commands.items():
+            _placeholders(list(argv), f"scheduler.commands.{name}", {"node", "reason", "job"})
+    return policy
+
+
+def _boolean(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"key '{where}': want true or false, got {value!r}")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"key '{where}': want a list, got {value!r}")
+    return value
+
+
+def load(path: Path) -> Policy:
+    return load_yaml(path, build)

@@ -1,0 +1,111 @@
+"""Slurm through scontrol: `scontrol -o show node` and `show job` parsed, updates as an operator
+types them. The reboot is Slurm's own `reboot ASAP nextstate=DOWN`: the node takes no new job,
+reboots with the cluster's RebootProgram once idle, and stays down until this service returns it."""
+
+from __future__ import annotations
+
+import re
+
+from remediate.command import run
+from remediate.plan import NodeView
+
+# A key of `scontrol -o` output: a space, a CamelCase word, '='.
+_KEY = re.compile(r"(?:^| )([A-Za-z][A-Za-z0-9_:]*)=")
+_STAMP = re.compile(r" \[[^\]]*@[^\]]*\]$")  # " [root@2026-11-27T10:00:00]" after a reason
+_HOSTLIST = re.compile(r"([^\[\],]*)(?:\[([^\]]*)\])?([^\[\],]*)")
+MAX_HOSTS = 100_000  # in one host list: a bigger one is refused, not expanded
+
+
+def fields(line: str) -> dict[str, str]:
+    """One record of `scontrol -o show ...`. Reason= comes last and may hold anything, spaces and
+    '=' included; before it, values with spaces (OS=Linux 6.1 ...) run to the next key."""
+    head, sep, reason = line.rstrip("\n").partition(" Reason=")
+    keys = list(_KEY.finditer(head))
+    out = {}
+    for n, match in enumerate(keys):
+        end = keys[n + 1].start() if n + 1 < len(keys) else len(head)
+        out[match.group(1)] = head[match.end():end]
+    if sep:
+        out["Reason"] = _STAMP.sub("", reason)
+    return out
+
+
+def node_view(record: dict[str, str], jobs: tuple[str, ...] = ()) -> NodeView:
+    """State=IDLE+DRAIN+REBOOT_REQUESTED: a base state and flags; a trailing * is not responding."""
+    state, *flags = record.get("State", "UNKNOWN").lower().split("+")
+    flags = set(flags)
+    if state.endswith("*"):
+        state = state.rstrip("*")
+        flags.add("not_responding")
+    reason = record.get("Reason", "")
+    return NodeView(record.get("NodeName", ""), state, frozenset(flags), "" if reason == "(null)" else reason, jobs)
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compressed host list ("gpu[001-003,007],login1") as names."""
+    names: list[str] = []
+    for item in re.findall(r"[^,\[]*(?:\[[^\]]*\])?[^,\[]*", text):
+        if not item:
+            continue
+        match = _HOSTLIST.fullmatch(item)
+        if match is None:
+            raise ValueError(f"not a host list: {text[:80]!r}")
+        prefix, ranges, suffix = match.groups()
+        if ranges is None:
+            names.append(prefix + suffix)
+            continue
+        for part in ranges.split(","):
+            low, dash, high = part.partition("-")
+            if not (low.isascii() and low.isdigit() and (not dash or (high.isascii() and high.isdigit()))):
+                raise ValueError(f"not a host range: {part[:40]!r}")
+            width = len(low)
+            for number in range(int(low), int(high if dash else low) + 1):
+                names.append(f"{prefix}{number:0{width}d}{suffix}")
+                if len(names) > MAX_HOSTS:
+                    raise ValueError("host list too long")
+    return names
+
+
+class Slurm:
+    def __init__(self, scontrol: str = "scontrol", timeout: float = 30.0) -> None:
+        self.scontrol = scontrol
+        self.timeout = timeout
+
+    def _call(self, *args: str) -> str:
+        return run([self.scontrol, *args], self.timeout)
+
+    def nodes(self, with_jobs: bool = False) -> dict[str, NodeView]:
+        jobs = self.running_jobs() if with_jobs else {}
+        out = {}
+        for line in self._call("-o", "show", "node").splitlines():
+            if line.startswith("NodeName="):
+                record = fields(line)
+                out[record["NodeName"]] = node_view(record, tuple(jobs.get(record["NodeName"], ())))
+        return out
+
+    def running_jobs(self) -> dict[str, list[str]]:
+        """node -> ids of the jobs running on it."""
+        on: dict[str, list[str]] = {}
+        for line in self._call("-o", "show", "job").splitlines():
+            record = fields(line)
+            if record.get("JobState") != "RUNNING" or not record.get("JobId", "").isdigit():
+                continue
+            try:
+                hosts = expand_hostlist(record.get("NodeList", ""))
+            except ValueError:
+                continue  # one bad record costs that job alone
+            for host in hosts:
+                on.setdefault(host, []).append(record["JobId"])
+        return on
+
+    def drain(self, node: str, reason: str) -> None:
+        self._call("update", f"nodename={node}", "state=drain", f"reason={reason}")
+
+    def reboot(self, node: str, reason: str) -> None:
+        self._call("reboot", "ASAP", "nextstate=DOWN", f"reason={reason}", node)
+
+    def resume(self, node: str) -> None:
+        self._call("update", f"nodename={node}", "state=resume")
+
+    def requeue(self, job: str) -> None:
+        self._call("requeue", job)

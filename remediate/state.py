@@ -1,0 +1,208 @@
+"""The service's state in one SQLite file (WAL): alerts as last notified, the nodes in its care,
+every action with the alert fingerprints behind it, and the circuit breaker.
+
+An action is written as pending before its call and marked done, failed or dry_run after it, so a
+restart knows which calls were cut short (kill -9) and looks at the scheduler before trying again.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from remediate.alerts import Alert
+from remediate.plan import History, Record, Step
+from remediate.policy import Policy
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS alerts (
+  fingerprint TEXT PRIMARY KEY, node TEXT, alertname TEXT NOT NULL, labels TEXT NOT NULL,
+  status TEXT NOT NULL, starts_at REAL NOT NULL, ends_at REAL, received_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS alerts_node ON alerts (node, status);
+CREATE TABLE IF NOT EXISTS nodes (
+  node TEXT PRIMARY KEY, phase TEXT NOT NULL, action TEXT NOT NULL, why TEXT NOT NULL,
+  since REAL NOT NULL, gpus TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS actions (
+  id INTEGER PRIMARY KEY, node TEXT NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL,
+  why TEXT NOT NULL, reason TEXT NOT NULL, job TEXT NOT NULL, new_drain INTEGER NOT NULL,
+  fingerprints TEXT NOT NULL, started_at REAL NOT NULL, finished_at REAL, error TEXT NOT NULL DEFAULT '');
+CREATE INDEX IF NOT EXISTS actions_node ON actions (node, kind, started_at);
+CREATE TABLE IF NOT EXISTS breaker (
+  id INTEGER PRIMARY KEY CHECK (id = 1), open INTEGER NOT NULL, since REAL NOT NULL, why TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS notes (node TEXT PRIMARY KEY, why TEXT NOT NULL, since REAL NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class Action:
+    id: int
+    node: str
+    kind: str
+    status: str
+    why: str
+    started_at: float
+    error: str
+
+
+class State:
+    def __init__(self, path: Path, readonly: bool = False) -> None:
+        if readonly:
+            if not path.exists():
+                raise FileNotFoundError(f"no state file at {path}: has the service run?")
+            self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.executescript(_SCHEMA)
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _rows(self, sql: str, *args: object) -> list[tuple]:
+        with self.lock:
+            return self.db.execute(sql, args).fetchall()
+
+    def _write(self, sql: str, *args: object) -> int:
+        with self.lock:
+            cursor = self.db.execute(sql, args)
+            return cursor.lastrowid or cursor.rowcount
+
+    # Alerts
+
+    def record_alerts(self, alerts: Iterable[tuple[Alert, str | None]], now: float) -> int:
+        """Take a notification's alerts; how many changed what is known. Out of order and repeated
+        notifications change nothing: an episode (fingerprint, start) once resolved stays resolved,
+        and an older episode never replaces a newer one."""
+        changed = 0
+        with self.lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                for alert, node in alerts:
+                    row = self.db.execute("SELECT status, starts_at FROM alerts WHERE fingerprint = ?",
+                                          (alert.fingerprint,)).fetchone()
+                    if row is not None:
+                        status, starts = row
+                        if alert.starts_at < starts - 1e-3:
+                            continue  # an older episode
+                        same = abs(alert.starts_at - starts) <= 1e-3
+                        if same and (status == "resolved" or alert.status == status):
+                            continue  # repeated, or firing after resolved
+                    ends = alert.ends_at if alert.status == "resolved" else None
+                    self.db.execute(
+                        "INSERT OR REPLACE INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (alert.fingerprint, node, alert.name, json.dumps(alert.labels, sort_keys=True),
+                         alert.status, alert.starts_at, min(ends or now, now) if alert.status == "resolved" else None,
+                         now))
+                    changed += 1
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+        return changed
+
+    def firing(self) -> dict[str, list[Alert]]:
+        out: dict[str, list[Alert]] = {}
+        for fp, node, labels, starts in self._rows(
+                "SELECT fingerprint, node, labels, starts_at FROM alerts WHERE status = 'firing' AND node IS NOT NULL"):
+            out.setdefault(node, []).append(Alert(fp, "firing", json.loads(labels), starts, None))
+        return out
+
+    def last_resolved(self) -> dict[str, float]:
+        return dict(self._rows("SELECT node, MAX(ends_at) FROM alerts WHERE status = 'resolved' "
+                               "AND node IS NOT NULL GROUP BY node"))
+
+    def forget_alerts(self, before: float) -> int:
+        """Resolved alerts older than any window that reads them."""
+        return self._write("DELETE FROM alerts WHERE status = 'resolved' AND ends_at < ?", before)
+
+    # Nodes in the service's care
+
+    def records(self) -> dict[str, Record]:
+        return {node: Record(node, phase, action, why, since, tuple(json.loads(gpus)))
+                for node, phase, action, why, since, gpus in self._rows("SELECT * FROM nodes")}
+
+    def set_record(self, node: str, phase: str | None, action: str, why: str, since: float,
+                   gpus: tuple[str, ...]) -> None:
+        if phase is None:
+            self._write("DELETE FROM nodes WHERE node = ?", node)
+        else:
+            self._write("INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?, ?, ?)",
+                        node, phase, action, why, since, json.dumps(list(gpus)))
+
+    # Actions
+
+    def begin(self, step: Step, now: float) -> int:
+        return self._write(
+            "INSERT INTO actions (node, kind, status, why, reason, job, new_drain, fingerprints, started_at) "
+            "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?)", step.node, step.kind, step.why, step.reason, step.job,
+            int(step.new_drain), json.dumps(list(step.fingerprints)), now)
+
+    def finish(self, action_id: int, status: str, now: float, error: str = "") -> None:
+        self._write("UPDATE actions SET status = ?, finished_at = ?, error = ? WHERE id = ?",
+                    status, now, error, action_id)
+
+    def interrupted(self, now: float) -> list[Action]:
+        """Calls a previous run began and never finished (killed mid-call): marked interrupted."""
+        rows = self._rows("SELECT id, node, kind, status, why, started_at, error FROM actions "
+                          "WHERE status = 'pending'")
+        self._write("UPDATE actions SET status = 'interrupted', finished_at = ? WHERE status = 'pending'", now)
+        return [Action(*row) for row in rows]
+
+    def failures(self, node: str, kind: str, since: float) -> tuple[int, float]:
+        """Failed tries of one call since the last success: (how many, when the last ended)."""
+        row = self._rows("SELECT COUNT(*), MAX(finished_at) FROM actions WHERE node = ? AND kind = ? "
+                         "AND status = 'failed' AND started_at >= ? AND id > COALESCE((SELECT MAX(id) FROM "
+                         "actions WHERE node = ? AND kind = ? AND status IN ('done', 'dry_run')), 0)",
+                         node, kind, since, node, kind)[0]
+        return row[0], row[1] or 0.0
+
+    def actions(self, since: float) -> list[Action]:
+        return [Action(*row) for row in self._rows(
+            "SELECT id, node, kind, status, why, started_at, error FROM actions WHERE started_at >= ? ORDER BY id",
+            since)]
+
+    def history(self, policy: Policy, now: float) -> History:
+        done = ("done",) if policy.enforce else ("done", "dry_run")
+        marks = ",".join("?" * len(done))
+        drains = dict(self._rows(f"SELECT node, COUNT(*) FROM actions WHERE new_drain = 1 AND status IN ({marks}) "
+                                 "AND started_at >= ? GROUP BY node", *done, now - policy.repeat_offender.window))
+        reboots = dict(self._rows(f"SELECT node, COUNT(*) FROM actions WHERE kind = 'reboot' AND status IN "
+                                  f"({marks}) AND started_at >= ? GROUP BY node", *done,
+                                  now - policy.reboot_repeat_window))
+        used = self._rows(f"SELECT COUNT(DISTINCT node) FROM actions WHERE new_drain = 1 AND status IN ({marks}) "
+                          "AND started_at >= ?", *done, now - policy.budget.window)[0][0]
+        requeues = {job: (count, last) for job, count, last in self._rows(
+            f"SELECT job, COUNT(*), MAX(started_at) FROM actions WHERE kind = 'requeue' AND status IN ({marks}) "
+            "GROUP BY job", *done)}
+        return History(drains, reboots, used, self.breaker()[0], requeues)
+
+    # The circuit breaker
+
+    def breaker(self) -> tuple[bool, float, str]:
+        rows = self._rows("SELECT open, since, why FROM breaker WHERE id = 1")
+        return (bool(rows[0][0]), rows[0][1], rows[0][2]) if rows else (False, 0.0, "")
+
+    def set_breaker(self, is_open: bool, now: float, why: str) -> None:
+        self._write("INSERT OR REPLACE INTO breaker VALUES (1, ?, ?, ?)", int(is_open), now, why)
+
+    # Notes: why a node with alerts was left alone (shown by status, logged once)
+
+    def note(self, node: str, why: str | None, now: float) -> bool:
+        """Set (or with None clear) a node's note; True when it changed."""
+        rows = self._rows("SELECT why FROM notes WHERE node = ?", node)
+        if why is None:
+            return bool(rows) and self._write("DELETE FROM notes WHERE node = ?", node) >= 0
+        if rows and rows[0][0] == why:
+            return False
+        self._write("INSERT OR REPLACE INTO notes VALUES (?, ?, ?)", node, why, now)
+        return True
+
+    def notes(self) -> dict[str, tuple[str, float]]:
+        return {node: (why, since) for node, why, since in self._rows("SELECT node, why, since FROM notes")}
