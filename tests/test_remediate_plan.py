@@ -1,0 +1,148 @@
+"""The plan: which step each node gets, from its alerts, the scheduler's view, the history and the time."""
+
+from __future__ import annotations
+
+from remediate.plan import MARKER, History, NodeView, Record, Step, plan
+from remediate.policy import build
+from tests.remediation import alert
+
+NODES = [f"gpu{i:03d}" for i in range(1, 41)]
+POLICY = build({"mode": "enforce", "requeue": {"enabled": True}})
+
+
+def idle(**changed: NodeView) -> dict[str, NodeView]:
+    return {name: changed.get(name, NodeView(name, "idle")) for name in NODES}
+
+
+def xid79(node: str = "gpu003", starts: float = 100.0):
+    return alert("GpuXidHardwareFault", node, starts, xid="79", action="RESTART_BM", gpu="3")
+
+
+def steps(firing, views=None, records=None, history=None, now=1000.0, resolved=None, policy=POLICY) -> list[Step]:
+    by_node: dict = {}
+    for a in firing:
+        by_node.setdefault(POLICY.node(a.labels), []).append(a)
+    return plan(now, policy, views or idle(), by_node, resolved or {}, records or {}, history or History(),
+                len(NODES))
+
+
+def ours(name: str, action: str, state: str = "idle", *flags: str) -> NodeView:
+    return NodeView(name, state, frozenset({"drain", *flags}), f"{MARKER} {action} X")
+
+
+def test_xid79_reboots_once_idle_through_the_scheduler_with_our_reason() -> None:
+    [step] = steps([xid79()])
+    assert (step.node, step.kind, step.phase, step.new_drain) == ("gpu003", "reboot", "reboot_wait", True)
+    assert step.reason == "gpunode: reboot GpuXidHardwareFault xid=79 action=RESTART_BM gpu=3"
+
+
+def test_a_second_xid79_within_the_window_holds_the_node_for_a_person() -> None:
+    [step] = steps([xid79()], history=History(reboots={"gpu003": 1}))
+    assert (step.kind, step.phase, step.action) == ("drain", "held", "hold")
+    assert step.reason.startswith("gpunode: hold ") and "second reboot fault" in step.reason
+
+
+def test_reset_gpu_drains_then_resets_once_idle_then_returns_after_the_quiet_period() -> None:
+    reset = alert("GpuXidHardwareFault", "gpu005", xid="119", action="RESET_GPU", gpu="2")
+    [drain] = steps([reset])
+    assert (drain.kind, drain.phase, drain.gpus) == ("drain", "reset_wait", ("2",))
+    record = Record("gpu005", "reset_wait", "reset", "x", 900.0, ("2",))
+    busy = idle(gpu005=ours("gpu005", "reset", "allocated"))
+    assert steps([reset], busy, {"gpu005": record}) == []
+    [do] = steps([reset], idle(gpu005=ours("gpu005", "reset")), {"gpu005": record})
+    assert (do.kind, do.phase, do.gpus) == ("reset", "reset_done", ("2",))
+    done = {"gpu005": Record("gpu005", "reset_done", "reset", "x", 950.0, ("2",))}
+    view = idle(gpu005=ours("gpu005", "reset"))
+    assert steps([reset], view, done) == []  # still firing
+    assert steps([], view, done, now=1000.0, resolved={"gpu005": 960.0}) == []  # quiet for 40 s only
+    [back] = steps([], view, done, now=960.0 + 900, resolved={"gpu005": 960.0})
+    assert (back.kind, back.phase, back.health) == ("resume", None, True)
+
+
+def test_hardware_that_needs_a_person_is_held_and_never_returned() -> None:
+    failure = alert("GpuRowRemapFailure", "gpu007", gpu="1")
+    [step] = steps([failure])
+    assert (step.kind, step.phase) == ("drain", "held")
+    held = {"gpu007": Record("gpu007", "held", "hold", "x", 0.0)}
+    assert steps([], idle(gpu007=ours("gpu007", "hold")), held, now=1e9, resolved={"gpu007": 1.0}) == []
+
+
+def test_application_xids_are_recorded_not_acted_on() -> None:
+    assert steps([alert("GpuXidApplicationFault", "gpu002", xid="94", action="RESTART_APP")]) == []
+
+
+def test_an_operators_drain_down_or_reservation_is_left_alone() -> None:
+    for view in (NodeView("gpu003", "idle", frozenset({"drain"}), "bad DIMM [alice]"),
+                 NodeView("gpu003", "down", frozenset(), "Not responding"),
+                 NodeView("gpu003", "idle", frozenset({"reserved"}), "")):
+        [step] = steps([xid79()], idle(gpu003=view))
+        assert step.kind == "note" and not step.calls and "left alone" in step.why
+
+
+def test_a_node_the_scheduler_does_not_list_gets_no_call() -> None:
+    [step] = steps([xid79("login1")])
+    assert step.kind == "note" and "no such node" in step.why
+
+
+def test_a_storm_stops_at_the_budget_and_opens_the_breaker() -> None:
+    storm = [alert("GpuNvLinkDegraded", node, starts=100.0 + n) for n, node in enumerate(NODES[:30])]
+    out = steps(storm)
+    assert [s.node for s in out if s.kind == "drain"] == ["gpu001", "gpu002"]  # 5 % of 40, first alerted first
+    assert sum(s.kind == "block" for s in out) == 28
+    assert all(s.kind == "block" for s in steps(storm, history=History(breaker_open=True)))
+
+
+def test_the_budget_counts_what_was_drained_in_the_window() -> None:
+    out = steps([xid79()], history=History(budget_used=2))
+    assert [s.kind for s in out] == ["block"]
+
+
+def test_the_third_drain_in_a_week_holds_a_repeat_offender() -> None:
+    [step] = steps([alert("GpuNodeClockThrottled", "gpu009")], history=History(drains={"gpu009": 2}))
+    assert step.phase == "held" and "repeat offender" in step.why
+    [step] = steps([alert("GpuNodeClockThrottled", "gpu009")], history=History(drains={"gpu009": 1}))
+    assert step.phase == "drained"
+
+
+def test_a_drained_node_escalates_to_a_reboot_without_new_budget() -> None:
+    record = {"gpu003": Record("gpu003", "drained", "drain", "x", 500.0)}
+    [step] = steps([xid79()], idle(gpu003=ours("gpu003", "drain")), record, History(budget_used=2))
+    assert (step.kind, step.phase, step.new_drain) == ("reboot", "reboot_wait", False)
+
+
+def test_a_reboot_completes_when_the_scheduler_shows_the_node_down_and_no_longer_rebooting() -> None:
+    record = {"gpu003": Record("gpu003", "reboot_wait", "reboot", "x", 500.0)}
+    rebooting = ours("gpu003", "reboot", "idle", "reboot_requested")
+    assert steps([xid79()], idle(gpu003=rebooting), record) == []
+    [step] = steps([xid79()], idle(gpu003=NodeView("gpu003", "down", frozenset(), f"{MARKER} reboot X")), record)
+    assert (step.kind, step.phase) == ("note", "rebooted")
+
+
+def test_a_node_a_person_resumed_is_theirs() -> None:
+    record = {"gpu003": Record("gpu003", "held", "hold", "x", 500.0)}
+    [step] = steps([], idle(), record)
+    assert step.kind == "release" and step.phase is None
+
+
+def test_a_node_drained_with_our_marker_but_no_record_is_taken_back() -> None:
+    [step] = steps([], idle(gpu004=ours("gpu004", "reboot", "idle", "reboot_requested")))
+    assert (step.kind, step.phase, step.action) == ("adopt", "reboot_wait", "reboot")
+
+
+def test_a_stragglers_jobs_are_requeued_with_backoff_then_the_node_is_held() -> None:
+    record = {"gpu010": Record("gpu010", "drained", "drain", "x", 500.0)}
+    view = idle(gpu010=NodeView("gpu010", "allocated", frozenset({"drain"}), f"{MARKER} drain X", ("77",)))
+    slow = [alert("GpuNodeClockThrottled", "gpu010")]
+    [first] = steps(slow, view, record)
+    assert (first.kind, first.job) == ("requeue", "77")
+    assert steps(slow, view, record, History(requeues={"77": (1, 1000.0)}), now=1000.0 + 599) == []
+    [second] = steps(slow, view, record, History(requeues={"77": (1, 1000.0)}), now=1000.0 + 600)
+    assert second.kind == "requeue"
+    [last] = steps(slow, view, record, History(requeues={"77": (4, 1000.0)}), now=1e6)
+    assert (last.kind, last.phase) == ("hold", "held")
+
+
+def test_requeue_is_off_by_default() -> None:
+    record = {"gpu010": Record("gpu010", "drained", "drain", "x", 500.0)}
+    view = idle(gpu010=NodeView("gpu010", "allocated", frozenset({"drain"}), f"{MARKER} drain X", ("77",)))
+    assert steps([alert("GpuNodeClockThrottled", "gpu010")], view, record, policy=build({})) == []
