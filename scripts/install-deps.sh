@@ -14,9 +14,12 @@ want_test=0 want_demo=0
 # packages; tests/test_docs.py holds that it does, and that every program a test or a documented
 # command runs is here or in what a minimal Debian has.
 node_tools="ip:iproute2"
-# Debian's Prometheus, node_exporter and Alertmanager run the demo; curl is in the docs' commands.
+# Debian's Prometheus, node_exporter and Alertmanager run the demo; curl is in the docs' commands;
+# Slurm's own controller and node daemons, with munge, are what the remediation service drains.
 demo_tools="prometheus:prometheus promtool:prometheus prometheus-node-exporter:prometheus-node-exporter
-  prometheus-alertmanager:prometheus-alertmanager amtool:prometheus-alertmanager curl:curl"
+  prometheus-alertmanager:prometheus-alertmanager amtool:prometheus-alertmanager curl:curl
+  slurmctld:slurmctld slurmd:slurmd scontrol:slurm-client sinfo:slurm-client sbatch:slurm-client
+  scancel:slurm-client munged:munge"
 # The unit is checked with systemd's own tools, and run under systemd-nspawn in a Debian that
 # mmdebstrap builds; the image is built and run with podman (runc: crun refuses hybrid cgroups);
 # VictoriaMetrics runs the rule pack beside Prometheus; `ethtool -S` and process-exporter are the
@@ -25,8 +28,6 @@ test_tools="victoria-metrics:victoria-metrics vmalert:victoria-metrics vmagent:v
   systemd-analyze:systemd systemd-sysusers:systemd systemd-tmpfiles:systemd ethtool:ethtool
   prometheus-process-exporter:prometheus-process-exporter systemd-nspawn:systemd-container
   mmdebstrap:mmdebstrap podman:podman runc:runc"
-# The remediation service is tested against Slurm's own controller and node daemon, with munge.
-slurm_tools="slurmctld:slurmctld slurmd:slurmd scontrol:slurm-client munged:munge"
 
 have() {  # on PATH, or in an sbin directory a non-root PATH leaves out
   command -v "$1" >/dev/null || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]
@@ -34,7 +35,7 @@ have() {  # on PATH, or in an sbin directory a non-root PATH leaves out
 
 tools="$node_tools"
 [ "$want_demo" = 1 ] && tools="$tools $demo_tools"
-[ "$want_test" = 1 ] && tools="$tools $test_tools $slurm_tools"
+[ "$want_test" = 1 ] && tools="$tools $test_tools"
 need_apt=()
 for pair in $tools; do
   package="${pair#*:}"

@@ -34,7 +34,7 @@ AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 # What a minimal Debian has (its Essential and required packages: bash, coreutils, grep, dpkg,
 # util-linux, mount) with the git, make and python3 a checkout needs (tests/test_bare_debian.py
 # holds it in one that mmdebstrap makes).
-MINIMAL_DEBIAN = {"bash", "sh", "df", "sleep", "kill", "mktemp", "head", "grep", "dpkg-query", "mount", "umount",
+MINIMAL_DEBIAN = {"bash", "sh", "df", "dd", "sleep", "kill", "mktemp", "head", "grep", "dpkg-query", "mount", "umount",
                   "unshare", "setpriv", "nsenter", "mountpoint", "tar", "git", "make", "python3"}
 
 

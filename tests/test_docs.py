@@ -10,6 +10,7 @@ the language say which:
     ```sh long            runs for minutes (demo, benchmarks, the suite itself): checked, not run
     ```sh template        has placeholders to fill in: checked, not run
     ```yaml KIND [file=NAME]   parsed, and KIND's own checker run (below); file= writes it into the copy
+                          (KIND policy: the remediation service's policy file)
     ```promql             each line parsed by promtool
     ```text output        right after a run block: what the block printed, line for line
     ```text / ```ini      shown as it is
@@ -37,13 +38,15 @@ from markdown_it import MarkdownIt
 
 from exporter import cli, config, webconfig
 from exporter.rulepack import load_spec, render
+from remediate import cli as remediate_cli
+from remediate import policy as policies
 from tests import tlscerts
 from tests.helpers import MINIMAL_DEBIAN, copy_tracked_files, free_port, install_deps_tools
 
 ROOT = Path(__file__).resolve().parent.parent
 LANGUAGES = {"sh", "yaml", "promql", "text", "ini", "json"}
 NOT_RUN = {"root", "node", "long", "template"}
-YAML_KINDS = {"prometheus", "alertmanager", "config", "web-config", "rule-spec", "schema"}
+YAML_KINDS = {"prometheus", "alertmanager", "config", "web-config", "rule-spec", "schema", "policy"}
 _MD = MarkdownIt("commonmark").enable("table")
 
 
@@ -136,6 +139,12 @@ def _check_statically(block: Block, copy: Path) -> None:
                 cli.parse_args(args)
             except SystemExit as exit:
                 assert exit.code == 0, f"{block}: gpunode-exporter does not take {shlex.join(args)}"
+        if program == "gpunode-remediate":
+            args = [w for w in words[1:] if not w.startswith(">")]
+            try:
+                remediate_cli.build_parser().parse_args(args)
+            except SystemExit as exit:
+                assert exit.code == 0, f"{block}: gpunode-remediate does not take {shlex.join(args)}"
         if program == "make":
             assert set(words[1:]) <= targets | {w for w in words[1:] if "=" in w}, f"{block}: no make target {words}"
         for word in words:
@@ -216,6 +225,8 @@ def _check_yaml(block: Block, tmp: Path) -> None:
         webconfig.load(path)
     elif kind == "rule-spec":
         render(load_spec(path), "prometheus")
+    elif kind == "policy":
+        policies.load(path)
     else:  # schema: an annotated description of a format, with ... where anything goes
         assert isinstance(data, dict), f"{block}: not a mapping"
 
@@ -350,7 +361,7 @@ def test_install_names_the_packages_pip_fetches_and_the_systems_python() -> None
 
 # --- what a fresh machine installs ------------------------------------------------------------
 
-VENV = {"gpunode-exporter", "pip", "python"}
+VENV = {"gpunode-exporter", "gpunode-remediate", "pip", "python"}
 ALTERNATIVES = {"node_exporter"}  # upstream's name, tried after Debian's prometheus-node-exporter
 
 
