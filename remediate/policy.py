@@ -94,6 +94,7 @@ class Requeue:
 class Scheduler:
     kind: str = "slurm"
     scontrol: str = "scontrol"
+    squeue: str = "squeue"  # the jobs a node runs (requeue)
     timeout: float = 30.0
     retries: int = 5  # a failed call is tried again after 2, 4, 8 ... s, at most this many times
     # kind: commands; argv templates with {node}, {reason}, {job}; `nodes` prints JSON (docs).
@@ -187,7 +188,7 @@ def _section(cls: type, data: Any, where: str, fields_: dict[str, Any]) -> Any:
 
 
 def _scheduler(data: Any, where: str) -> Scheduler:
-    data = _keys(data, {"kind", "scontrol", "timeout", "retries", "commands"}, where)
+    data = _keys(data, {"kind", "scontrol", "squeue", "timeout", "retries", "commands"}, where)
     kind = data.get("kind", "slurm")
     if kind not in ("slurm", "commands"):
         raise ConfigError(f"key '{where}.kind': want slurm or commands, got {kind!r}")
@@ -198,6 +199,7 @@ def _scheduler(data: Any, where: str) -> Scheduler:
             raise ConfigError(f"key '{where}.commands': kind commands needs {', '.join(missing)}")
     return Scheduler(
         kind=kind, scontrol=_string(data.get("scontrol", "scontrol"), f"{where}.scontrol"),
+        squeue=_string(data.get("squeue", "squeue"), f"{where}.squeue"),
         timeout=_duration(data.get("timeout", 30), f"{where}.timeout"),
         retries=int(_number(data.get("retries", 5), f"{where}.retries", 0, 100, whole=True)),
         commands={k: _argv(v, f"{where}.commands.{k}") for k, v in commands.items()})

@@ -19,7 +19,7 @@ node_tools="ip:iproute2"
 demo_tools="prometheus:prometheus promtool:prometheus prometheus-node-exporter:prometheus-node-exporter
   prometheus-alertmanager:prometheus-alertmanager amtool:prometheus-alertmanager curl:curl
   slurmctld:slurmctld slurmd:slurmd scontrol:slurm-client sinfo:slurm-client sbatch:slurm-client
-  scancel:slurm-client munged:munge"
+  scancel:slurm-client squeue:slurm-client munged:munge"
 # The unit is checked with systemd's own tools, and run under systemd-nspawn in a Debian that
 # mmdebstrap builds; the image is built and run with podman (runc: crun refuses hybrid cgroups);
 # VictoriaMetrics runs the rule pack beside Prometheus; `ethtool -S` and process-exporter are the

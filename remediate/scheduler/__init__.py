@@ -20,7 +20,7 @@ def build(policy: Policy) -> Scheduler:
     if policy.scheduler.kind == "slurm":
         from remediate.scheduler.slurm import Slurm
 
-        return Slurm(policy.scheduler.scontrol, policy.scheduler.timeout)
+        return Slurm(policy.scheduler.scontrol, policy.scheduler.squeue, policy.scheduler.timeout)
     from remediate.scheduler.commands import Commands
 
     return Commands(policy.scheduler.commands, policy.scheduler.timeout)

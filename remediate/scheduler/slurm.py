@@ -1,5 +1,5 @@
-"""Slurm through scontrol: `scontrol -o show node` and `show job` parsed, updates as an operator
-types them. The reboot is Slurm's own `reboot ASAP nextstate=DOWN`: the node takes no new job,
+"""Slurm through scontrol (`scontrol -o show node` parsed, updates as an operator types them) and
+squeue for the jobs a node runs. The reboot is Slurm's own `reboot ASAP nextstate=DOWN`: the node takes no new job,
 reboots with the cluster's RebootProgram once idle, and stays down until this service returns it."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from remediate.command import run
 from remediate.plan import NodeView
 
 # A key of `scontrol -o` output: a space, a CamelCase word, '='.
-_KEY = re.compile(r"(?:^| )([A-Za-z][A-Za-z0-9_:]*)=")
+_KEY = re.compile(r"(?:^| )([A-Za-z][A-Za-z0-9_:/]*)=")
 _STAMP = re.compile(r" \[[^\]]*@[^\]]*\]$")  # " [root@2026-11-27T10:00:00]" after a reason
 _HOSTLIST = re.compile(r"([^\[\],]*)(?:\[([^\]]*)\])?([^\[\],]*)")
 MAX_HOSTS = 100_000  # in one host list: a bigger one is refused, not expanded
 
 
 def fields(line: str) -> dict[str, str]:
-    """One record of `scontrol -o show ...`. Reason= comes last and may hold anything, spaces and
+    """One record of `scontrol -o show node`. Reason= comes last and may hold anything, spaces and
     '=' included; before it, values with spaces (OS=Linux 6.1 ...) run to the next key."""
     head, sep, reason = line.rstrip("\n").partition(" Reason=")
     keys = list(_KEY.finditer(head))
@@ -67,8 +67,9 @@ def expand_hostlist(text: str) -> list[str]:
 
 
 class Slurm:
-    def __init__(self, scontrol: str = "scontrol", timeout: float = 30.0) -> None:
+    def __init__(self, scontrol: str = "scontrol", squeue: str = "squeue", timeout: float = 30.0) -> None:
         self.scontrol = scontrol
+        self.squeue = squeue
         self.timeout = timeout
 
     def _call(self, *args: str) -> str:
@@ -84,18 +85,20 @@ class Slurm:
         return out
 
     def running_jobs(self) -> dict[str, list[str]]:
-        """node -> ids of the jobs running on it."""
+        """node -> ids of the jobs running on it. From squeue's id and node list alone: `scontrol show
+        job` puts the job's own name and comment (anyone's words) beside NodeList= on one line."""
         on: dict[str, list[str]] = {}
-        for line in self._call("-o", "show", "job").splitlines():
-            record = fields(line)
-            if record.get("JobState") != "RUNNING" or not record.get("JobId", "").isdigit():
+        out = run([self.squeue, "--noheader", "--states=RUNNING", "--format=%A %N"], self.timeout)
+        for line in out.splitlines():
+            job, _, nodes = line.strip().partition(" ")
+            if not (job.isascii() and job.isdigit()):
                 continue
             try:
-                hosts = expand_hostlist(record.get("NodeList", ""))
+                hosts = expand_hostlist(nodes.strip())
             except ValueError:
                 continue  # one bad record costs that job alone
             for host in hosts:
-                on.setdefault(host, []).append(record["JobId"])
+                on.setdefault(host, []).append(job)
         return on
 
     def drain(self, node: str, reason: str) -> None:
