@@ -23,7 +23,9 @@ from exporter.collector import COLLECTORS  # noqa: E402
 from exporter.dashboards import doc  # noqa: E402
 from exporter.dashboards.board import ALERT_NAMES  # noqa: E402
 from exporter.dashboards.promql import Lineage  # noqa: E402
+from exporter.family import MetricSpec  # noqa: E402
 from exporter.scrape import EXPORTER_METRICS  # noqa: E402
+from remediate import metrics as remediate_metrics  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs" / "dashboards.md"
@@ -36,6 +38,8 @@ RANGE = re.compile(r"\[([^\]]+)\]")
 EXTERNAL = {name for group in yaml.safe_load((ROOT / "rules" / "external-metrics.yaml").read_text()).values()
             for name in group} | {"node_memory_Dirty_bytes", "node_memory_Writeback_bytes",
                                   "node_filesystem_size_bytes", "node_filesystem_avail_bytes"}
+# The remediation service's metrics (remediate/metrics.py), declared as the exporter's are.
+REMEDIATE_METRICS = [s for s in vars(remediate_metrics).values() if isinstance(s, MetricSpec)]
 # Grafana unit ids the panels use (a typo would show raw numbers).
 UNITS = {"short", "bytes", "Bps", "s", "percent", "percentunit", "pps", "reqps", "dateTimeAsIso"}
 
@@ -127,6 +131,9 @@ def test_variables_scope_every_query_to_the_chosen_nodes() -> None:
         assert found["node"].get("multi", False) == found["node"].get("includeAll", False) == (uid == "gpunode-cluster")
         assert "allValue" not in found["node"]
         for query in dashboards.panel_queries(board):
+            if query.sources == {"remediate"}:  # gpunode-remediate: one service for the fleet, no node's
+                assert "$node" not in query.expr and "$job" not in query.expr, (query.panel_title, query.expr)
+                continue
             assert '=~"$node' in query.expr, (query.panel_title, query.expr)
 
 
@@ -160,7 +167,8 @@ def test_every_metric_and_label_exists() -> None:
     """Names in the queries are the exporter's, recording rules of the pack, ALERTS, or the few
     node_exporter and dcgm-exporter series listed above; a gpunode series is matched only on its
     own labels and the targets' (job, node, peer group)."""
-    specs = {s.name: s for s in EXPORTER_METRICS} | {s.name: s for c in COLLECTORS.values() for s in c.metrics}
+    specs = {s.name: s for s in EXPORTER_METRICS} | {s.name: s for c in COLLECTORS.values() for s in c.metrics} \
+        | {s.name: s for s in REMEDIATE_METRICS}
     recorded = set(Lineage.of(SPEC).records)
     target_labels = {"job", SPEC["labels"]["node"], *SPEC["labels"]["peer_group"]}
     for board in BOARDS.values():
@@ -238,7 +246,7 @@ def test_sources_follow_the_spec(tmp_path: Path) -> None:
 
 def test_a_spec_override_reaches_every_query(tmp_path: Path) -> None:
     override = tmp_path / "mine.yaml"
-    override.write_text("selectors: {gpunode: 'job=\"gpu\"', node: 'job=\"nodes\"'}\n"
+    override.write_text("selectors: {gpunode: 'job=\"gpu\"', node: 'job=\"nodes\"', remediate: 'job=\"remediation\"'}\n"
                         "labels: {node: host, peer_group: [job, session]}\nnfs: {window: 60}\n")
     spec = rulepack.load_spec(override)
     for board in dashboards.render(spec).values():
@@ -250,6 +258,10 @@ def test_a_spec_override_reaches_every_query(tmp_path: Path) -> None:
         for query in dashboards.panel_queries(board, spec):
             assert 'job="gpunode"' not in query.expr and 'job="node"' not in query.expr, query.expr
             assert "instance" not in query.expr and "rate5m" not in query.expr, query.expr
+            assert 'job="gpunode-remediate"' not in query.expr, query.expr
+            if query.sources == {"remediate"}:  # the service's own selector, no node variable
+                assert 'job="remediation"' in query.expr or "ALERTS" in query.expr, query.expr
+                continue
             assert 'host=~"$node' in query.expr, query.expr
             for sel in selectors(dashboards.expand(query.expr, one_value_each(board), "1m")):
                 if sel.name.startswith("gpunode_"):

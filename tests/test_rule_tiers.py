@@ -17,15 +17,19 @@ import pytest
 import yaml
 
 from exporter.cli import main
+from exporter.family import MetricSpec
 from exporter.rulepack import load_spec, render
-from exporter.rulepack.tiers import analyse, split
+from exporter.rulepack.tiers import SERVICES, analyse, split
+from remediate import metrics as remediate_metrics
 
 SPEC = load_spec()
 NODE = SPEC["labels"]["node"]
 # Raw series the fleet tier reads, sent on with the recordings: the marker of nodes out of
-# service, the nodes' workloads (one series per node) and kube-state-metrics' pods (one service).
+# service, the nodes' workloads (one series per node) and kube-state-metrics' pods (one service);
+# and the remediation service's own, scraped where the fleet tier runs (one service per fleet).
+REMEDIATE_METRICS = {spec.name for spec in vars(remediate_metrics).values() if isinstance(spec, MetricSpec)}
 FLEET_RAW_INPUTS = {*analyse(SPEC["out_of_service"], NODE)[0], "gpunode_node_workload_info", "kube_pod_info",
-                    "kube_pod_owner"}
+                    "kube_pod_owner", *REMEDIATE_METRICS}
 
 
 def _rules(files: dict[str, str]) -> list[dict]:
@@ -60,6 +64,11 @@ def test_the_fleet_tier_reads_only_recordings_and_the_named_inputs() -> None:
     names = {r.get("record") or r["alert"] for r in fleet}
     assert {"GpuNodePrecursorMultiSignal", "GpuJobSlowedDown", "GpuNodeClockThrottled",
             "gpunode:precursor_signal:peer_median", "gpunode:failslow_proxy:peer_median"} <= names
+    # The remediation service runs once per fleet: its alerts run where it is scraped, once.
+    assert {"GpuRemediationBreakerOpen", "GpuRemediationNodeHeld", "GpuRemediationSchedulerFailing",
+            "GpuRemediationActionsFailing"} <= names
+    assert all(name.startswith(SERVICES) for name in REMEDIATE_METRICS)
+    assert not any(name.startswith(SERVICES) for rule in local for name in analyse(rule["expr"], NODE)[0])
     # The evidence of a cause is the node's own: recorded where its exporters are scraped.
     assert {"gpunode:gpu_clock_reason:active", "gpunode:fabric_link:errors", "gpunode:gpu_pcie_link:below_max",
             "GpuNvLinkDegraded"} <= {r.get("record") or r["alert"] for r in local}

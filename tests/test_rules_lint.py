@@ -1,8 +1,9 @@
 """Lint of the rendered rule pack with a real PromQL parser (promql-parser):
 rate()/increase() only over counters, and every metric a rule reads is one our exporter
 produces (its golden outputs, or a family a collector declares: some appear only on hardware
-the golden nodes lack, as PFC pauses), another rule records, or one on the documented list of
-node_exporter and dcgm-exporter metrics (rules/external-metrics.yaml)."""
+the golden nodes lack, as PFC pauses) or the remediation service declares (remediate/metrics.py),
+another rule records, or one on the documented list of node_exporter and dcgm-exporter metrics
+(rules/external-metrics.yaml)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,11 @@ def _rules() -> list[dict[str, Any]]:
 
 def _ours() -> dict[str, str]:
     from exporter.collector import COLLECTORS
+    from exporter.family import MetricSpec
+    from remediate import metrics as remediate_metrics
 
     types: dict[str, str] = {spec.name: spec.kind for cls in COLLECTORS.values() for spec in cls.metrics}
+    types.update({spec.name: spec.kind for spec in vars(remediate_metrics).values() if isinstance(spec, MetricSpec)})
     for golden in (ROOT / "tests" / "golden").glob("*.prom"):
         types.update(dict(_TYPE.findall(golden.read_text())))
     return types
@@ -112,6 +116,7 @@ PREFIXES = {
     "exporter": ("GpuNode",),
     "nfs": ("Nfs",),
     "checkpoint": ("Checkpoint",),
+    "remediate": ("GpuRemediation",),
 }
 
 
@@ -125,7 +130,8 @@ def test_alert_names_follow_the_prefix_scheme() -> None:
 
 
 def test_node_alerts_name_no_gpu_and_gpu_alerts_do() -> None:
-    """GpuNode alerts are about a node, GpuJob alerts about a job (neither names a GPU); other Gpu alerts name one."""
+    """GpuNode alerts are about a node, GpuJob alerts about a job, GpuRemediation alerts about the remediation
+    service (none of them names a GPU); other Gpu alerts name one."""
     expected: dict[str, set[bool]] = {}
     for path in (ROOT / "tests" / "rules").glob("*.test.yml"):
         for case in yaml.safe_load(path.read_text())["tests"]:
@@ -133,7 +139,7 @@ def test_node_alerts_name_no_gpu_and_gpu_alerts_do() -> None:
                 for alert in check.get("exp_alerts") or []:
                     expected.setdefault(check["alertname"], set()).add("gpu" in alert.get("exp_labels", {}))
     for name, has_gpu in expected.items():
-        if name.startswith(("GpuNode", "GpuJob")):
+        if name.startswith(("GpuNode", "GpuJob", "GpuRemediation")):
             assert has_gpu == {False}, f"{name} is about a node but names a GPU"
         elif name.startswith("Gpu") and name != "GpuXidRepeatedHardwareFaults":  # that one counts the node's
             assert has_gpu == {True}, f"{name} is about one GPU but does not name it"

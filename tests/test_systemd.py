@@ -158,8 +158,9 @@ def test_scrape_config_is_the_rule_packs(tmp_path: Path) -> None:
     assert block == _scrape_config(RULES_DOC), "docs/install.md and docs/rules.md show different scrape configs"
     jobs = {job["job_name"]: job for job in yaml.safe_load(block)["scrape_configs"]}
     selectors = yaml.safe_load(SPEC.read_text())["selectors"]
-    # The per-node exporters; kube-state-metrics is one cluster service, scraped through Kubernetes SD.
-    per_node = {key: s for key, s in selectors.items() if key != "kube_state_metrics"}
+    # The per-node exporters; kube-state-metrics is one cluster service, scraped through Kubernetes SD,
+    # and gpunode-remediate one per fleet, scraped on its host (docs/runbooks/remediation.md).
+    per_node = {key: s for key, s in selectors.items() if key not in ("kube_state_metrics", "remediate")}
     assert set(jobs) == {re.fullmatch(r'job="([^"]+)"', s).group(1) for s in per_node.values()}
     # Every job's instance becomes the bare host (Prometheus anchors relabel regexes).
     for job in jobs.values():

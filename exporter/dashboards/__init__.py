@@ -39,7 +39,7 @@ class PanelQuery:
     panel_title: str
     ref_id: str
     expr: str
-    sources: frozenset[str]   # exporters whose series it reads: gpunode, node, dcgm (prometheus: `up`)
+    sources: frozenset[str]   # exporters whose series it reads: gpunode, node, dcgm, remediate (prometheus: `up`)
     requires: frozenset[str]  # of those, the ones it returns nothing without
     instant: bool             # an instant query (tables), else a range query
 

@@ -10,11 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from grafana_foundation_sdk.builders import common, heatmap, prometheus, statetimeline, table, timeseries
+from grafana_foundation_sdk.builders import common, heatmap, prometheus, stat, statetimeline, table, timeseries
 from grafana_foundation_sdk.builders import dashboard as gd
 from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.models import dashboard as model
-from grafana_foundation_sdk.models.common import SortOrder, TooltipDisplayMode, VisibilityMode
+from grafana_foundation_sdk.models.common import (
+    BigValueColorMode,
+    BigValueGraphMode,
+    SortOrder,
+    TooltipDisplayMode,
+    VisibilityMode,
+)
 from grafana_foundation_sdk.models.heatmap import HeatmapColorMode
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
@@ -37,7 +43,8 @@ JOB_PAST = "a job that has run for failslow.own_coverage of failslow.own_baselin
 NFS_MOUNT = "an NFS mount that node_exporter sees"
 SAVES = "checkpoint.min_saves saves within checkpoint.interval_window"
 DCGM = EXPORTERS["dcgm"]
-_ORDER = ("gpunode", "node", "dcgm")  # Prometheus' own `up` is always there: never named as a need
+REMEDIATE = EXPORTERS["remediate"]
+_ORDER = ("gpunode", "node", "dcgm", "remediate")  # Prometheus' own `up` is always there: never named as a need
 
 
 @dataclass(frozen=True)
@@ -82,8 +89,11 @@ class Board:
         """metric{its exporter's spec selector, the dashboard's variables, matchers...}.
 
         A recording rule gets no exporter selector: its series keep the job of whichever
-        exporter fed it (a precursor signal from node_exporter has node_exporter's job)."""
+        exporter fed it (a precursor signal from node_exporter has node_exporter's job).
+        gpunode-remediate's series get no variables: one service acts for the whole fleet."""
         source = exporter_of(metric)
+        if source == "remediate":
+            return selector(self.spec, metric, source, *matchers)
         scope = [f'{self.node}=~"${NODE_VARIABLE}"']
         if source == "gpunode":
             scope = ['job=~"$job"', *(f'{label}=~"${label}"' for label in self.peer_labels), *scope]
@@ -101,8 +111,10 @@ class Board:
 
     def alerts(self) -> str:
         """The pack's firing alerts. `$node|` also matches an empty label: alerts of a whole peer
-        group (CheckpointIntervalTooLong) carry no node and stay in view."""
-        return f'ALERTS{{alertstate="firing", alertname=~"{ALERT_NAMES}", {self.node}=~"${NODE_VARIABLE}|"}}'
+        group (CheckpointIntervalTooLong) carry no node and stay in view. The remediation service's
+        carry its own target labels, no node's: the cluster dashboard's Remediation row lists them."""
+        return (f'ALERTS{{alertstate="firing", alertname=~"{ALERT_NAMES}", alertname!~"{REMEDIATION_ALERTS}", '
+                f'{self.node}=~"${NODE_VARIABLE}|"}}')
 
     def row(self, title: str) -> None:
         self.builder.with_row(gd.Row(title).id(self._take_id()))
@@ -146,6 +158,12 @@ def table_panel() -> table.Panel:
     return table.Panel().show_header(True)
 
 
+def stat_panel() -> stat.Panel:
+    """The last value of each query, large, without a sparkline."""
+    return stat.Panel().graph_mode(BigValueGraphMode.NONE).color_mode(BigValueColorMode.BACKGROUND).reduce_options(
+        common.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+
+
 def state_timeline() -> statetimeline.Panel:
     return statetimeline.Panel().show_value(VisibilityMode.AUTO)
 
@@ -177,8 +195,10 @@ def to_node(panel: Builder[Any], node_label: str, node_uid: str) -> Builder[Any]
     return panel.data_links([gd.DashboardLink(f"{node} on the node dashboard").url(url)])
 
 
-# Every alert of the rule pack (tests/test_dashboards.py checks this covers them).
+# Every alert of the rule pack (tests/test_dashboards.py checks this covers them); those about the
+# remediation service (remediate.rules.yml), in a table of their own.
 ALERT_NAMES = "Gpu.*|Nfs.*|Checkpoint.*"
+REMEDIATION_ALERTS = "GpuRemediation.*"
 
 
 def peer_labels(spec: dict[str, Any]) -> list[str]:

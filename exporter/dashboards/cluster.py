@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from grafana_foundation_sdk.cog.builder import Builder
+from grafana_foundation_sdk.models import dashboard as model
 
 from exporter.dashboards.board import (
     DCGM,
@@ -12,11 +13,13 @@ from exporter.dashboards.board import (
     FAILSLOW_PEERS,
     JOB_PAST,
     PEERS,
+    REMEDIATION_ALERTS,
     SAVES,
     Board,
     Query,
     heatmap_panel,
     phases,
+    stat_panel,
     state_timeline,
     table_panel,
     time_series,
@@ -39,7 +42,8 @@ def build(b: Board) -> None:
     b.row("Alerts")
     b.panel(linked(table_panel()), "Firing alerts of the rule pack",
             "Alerts of the gpunode rule pack firing now, per node (a peer group's alerts have none): the place "
-            "to start. Each alert's runbook is in its runbook_url annotation (docs/runbooks/).", "short",
+            "to start. Each alert's runbook is in its runbook_url annotation (docs/runbooks/). The remediation "
+            "service's alerts are in the Remediation row.", "short",
             [Query(f"sum by (alertname, severity, {node}) ({b.alerts()})")], width=24, instant=True)
 
     b.row("Nodes against their peers")
@@ -163,7 +167,59 @@ def build(b: Board) -> None:
             [Query(median(f"gpunode:checkpoint_cost_ratio:avg{window}"), f"now {group}"),
              Query(median("gpunode:checkpoint_cost_ratio:young_daly"), f"at the optimum {group}")], needs=(SAVES,))
 
+    remediation(b)
+
+
+def remediation(b: Board) -> None:
+    """gpunode-remediate, one service for the fleet: its series are not per node (no node variable)."""
+    spec = b.spec["remediate"]
+    runbook = "docs/runbooks/remediation.md"
+    b.row("Remediation")
+    breaker = stat_panel().mappings([model.ValueMap({
+        "0": model.ValueMappingResult(text="closed", color="green", index=0),
+        "1": model.ValueMappingResult(text="OPEN", color="red", index=1)})])
+    b.panel(breaker, "Remediation circuit breaker",
+            "Open while gpunode-remediate drains no new node: a drain was due with its budget spent (more nodes "
+            "alerted within its budget window than the budget allows, which is more often one cause than many "
+            "faults). A person closes it with `gpunode-remediate breaker reset` once the cause is found; "
+            f"GpuRemediationBreakerOpen pages meanwhile ({runbook}).", "short",
+            [Query(f"max({b.q('gpunode_remediate_breaker_open')})")], width=6)
+    b.panel(stat_panel(), "Remediation drain budget: used and allowed",
+            "Nodes gpunode-remediate drained within its policy's budget.window (24 h by default), against the "
+            "nodes it may drain in it: budget.fraction of the nodes the scheduler lists, at least budget.minimum. "
+            "The next drain past the budget opens the circuit breaker.", "short",
+            [Query(f"max({b.q('gpunode_remediate_budget_used_nodes')})", "drained"),
+             Query(f"max({b.q('gpunode_remediate_budget_nodes')})", "budget")], width=6)
+    b.panel(time_series(), "Nodes in remediation by phase",
+            "Nodes in gpunode-remediate's care: drained (back once their alerts have been resolved for the quiet "
+            "period), waiting for a GPU reset or a reboot once idle and after it, and held for a person, which "
+            f"it never returns itself (GpuRemediationNodeHeld after {duration(spec['held_for'])}).", "short",
+            [Query(f"sum by (phase) ({b.q('gpunode_remediate_nodes')})", "{{phase}}")])
+    actions = b.q("gpunode_remediate_actions_total")
+    b.panel(time_series(), "Remediation actions by kind and result",
+            "Actions gpunode-remediate took in the interval (drain, hold, reboot, reset, resume, requeue), by "
+            "result: done; dry_run, decided and logged but not carried out (the policy's mode is not enforce); "
+            "failed, the scheduler or the reset command refused (GpuRemediationActionsFailing); blocked, drains "
+            "the circuit breaker or the budget stopped.", "short",
+            [Query(f"sum by (action, result) (increase({actions}[$__rate_interval]))", "{{action}} {{result}}")])
+    b.panel(table_panel(), "Remediation alerts firing",
+            "The rule pack's alerts about gpunode-remediate firing now: its circuit breaker open, a node held "
+            "for a person too long, the scheduler out of its reach, failed actions. They carry the service's "
+            f"labels, not a GPU node's, so the node-scoped alerts tables leave them out ({runbook}).", "short",
+            [Query(f'sum by (alertname, severity, node, reason, action) '
+                   f'(ALERTS{{alertstate="firing", alertname=~"{REMEDIATION_ALERTS}"}})')], instant=True)
+    held = table_panel().with_transformation(model.DataTransformerConfig(id_val="organize", options={
+        "excludeByName": {"Time": True}, "renameByName": {"Value": "held for"}}))
+    b.panel(held, "Nodes held for a person",
+            "Nodes gpunode-remediate drained and holds for a person, why (a repeat offender, a second reboot "
+            "fault, a failed GPU reset, a fault no reset cures) and for how long. Fix the node, then resume it "
+            "in the scheduler (scontrol update nodename=NODE state=resume); the service lets it go. "
+            f"GpuRemediationNodeHeld fires after {duration(spec['held_for'])} ({runbook}).", "s",
+            [Query(f"sum by (node, reason) (time() - {b.q('gpunode_remediate_node_held_since_timestamp_seconds')})")],
+            width=24, instant=True)
+
 
 def describe(_spec: dict[str, Any]) -> tuple[str, str, str]:
     return ("gpunode-cluster", "GPU nodes: cluster",
-            "Which GPU nodes to look at: alerts, peer deviations, Xids, remaps, NFS slots, checkpoint cost.")
+            "Which GPU nodes to look at: alerts, peer deviations, Xids, remaps, NFS slots, checkpoint cost; "
+            "what the remediation service does with them.")

@@ -23,8 +23,9 @@ from exporter.rulepack import render as render_rules
 
 # The exporters (and Prometheus itself, for `up`) a series can come from, as the docs name them.
 EXPORTERS = {"gpunode": "gpunode-exporter", "node": "node_exporter", "dcgm": "dcgm-exporter",
-             "kube_state_metrics": "kube-state-metrics", "prometheus": "Prometheus"}
-_PREFIXES = (("gpunode_", "gpunode"), ("node_", "node"), ("DCGM_", "dcgm"), ("kube_", "kube_state_metrics"))
+             "kube_state_metrics": "kube-state-metrics", "remediate": "gpunode-remediate", "prometheus": "Prometheus"}
+_PREFIXES = (("gpunode_remediate_", "remediate"), ("gpunode_", "gpunode"), ("node_", "node"), ("DCGM_", "dcgm"),
+             ("kube_", "kube_state_metrics"))
 _PROMETHEUS = {"up"}  # series Prometheus writes about its own targets
 
 

@@ -6,7 +6,9 @@
 - fleet: every rule that compares nodes (an aggregation across the node label: peer medians,
   MADs, scores, majorities) and every rule that reads one of those. It reads only the local
   tier's recordings (`gpunode:*`, sent on by federation or remote write) and the
-  out-of-service marker, and runs once, where they all arrive.
+  out-of-service marker, and runs once, where they all arrive. Also every rule that reads a
+  service of which a fleet has one (SERVICES: gpunode-remediate, beside Alertmanager): it is
+  scraped once, by the server that runs the fleet tier, not by every shard.
 
 Which tier a rule is in follows from its expression, so a new rule cannot land in the wrong
 one: tests/test_rule_tiers.py checks that the fleet tier reads nothing else.
@@ -20,6 +22,9 @@ from typing import Any
 import yaml
 
 from exporter.rulepack import concurrency
+
+# Metric name prefixes of the services a fleet runs once (spec selectors.remediate: gpunode-remediate).
+SERVICES = ("gpunode_remediate_",)
 
 
 def walk(node: Any) -> Iterator[Any]:
@@ -54,11 +59,12 @@ def analyse(expr: str, node_label: str) -> tuple[set[str], bool]:
 
 
 def fleet_rules(files: dict[str, str], node_label: str) -> set[str]:
-    """Names (records and alerts) of the fleet tier: the rules that aggregate across nodes, and
-    every rule that reads what one of them writes."""
+    """Names (records and alerts) of the fleet tier: the rules that aggregate across nodes or read
+    a once-per-fleet service (SERVICES), and every rule that reads what one of them writes."""
     rules = [rule for text in files.values() for group in yaml.safe_load(text)["groups"] for rule in group["rules"]]
     read = {id(rule): analyse(rule["expr"], node_label) for rule in rules}
-    fleet = {rule.get("record") or rule["alert"] for rule in rules if read[id(rule)][1]}
+    fleet = {rule.get("record") or rule["alert"] for rule in rules
+             if read[id(rule)][1] or any(name.startswith(SERVICES) for name in read[id(rule)][0])}
     while True:  # what reads a fleet recording is fleet too
         more = {rule.get("record") or rule["alert"] for rule in rules if read[id(rule)][0] & fleet} - fleet
         if not more:
