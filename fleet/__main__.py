@@ -1,4 +1,5 @@
-"""`python -m fleet [--scenario NAME|FILE] [--backend B] [--spec FILE] [--out FILE]`: simulate, replay, score."""
+"""`python -m fleet [--scenario NAME|FILE] [--backend B] [--spec FILE] [--out FILE] [--remediation]`: simulate,
+replay, score."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from fleet import harness, scenario, score
+from fleet import harness, remediation, scenario, score
 from fleet.simulate import Fleet, Truth, node_name
 
 
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", type=Path, help="spec overrides, as for `rules render --spec`")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/gpunode-fleet"))
     parser.add_argument("--out", type=Path, help="write the results table here (e.g. docs/fleet-results.md)")
+    parser.add_argument("--remediation", action="store_true",
+                        help="also replay each run's alerts through gpunode-remediate's policy (fleet/remediation.py)")
     args = parser.parse_args(argv)
     sections = []
     for name in args.scenario or ["standard"]:
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         start = (time.time() // 3600) * 3600 - sc.duration - 3600
         fleet = Fleet(sc, start)
         results = {}
+        remedies = []
         for backend in args.backend or harness.BACKENDS:
             began = time.monotonic()
             run = harness.run(backend, fleet, args.workdir / sc.name / backend, spec_path=args.spec)
@@ -80,7 +84,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{sc.name} {backend}: recall {s.recall:.2f} precision {s.precision:.2f} "
                   f"false/1000 node-days {s.false_per_1000_node_days:.2f} in {time.monotonic() - began:.0f} s",
                   flush=True)
-        sections.append(report(sc.name, results, sc.nodes, sc.duration / 86400, fleet.truth()))
+            if args.remediation:
+                began = time.monotonic()
+                text, data = remediation.section(sc.name, backend, run.firing, fleet.truth(),
+                                                 [node_name(n) for n in range(sc.nodes)], start, start + sc.duration)
+                (args.workdir / sc.name / backend / "remediation.json").write_text(json.dumps(data, indent=1))
+                remedies.append(text)
+                print(f"{sc.name} {backend}: remediation replay in {time.monotonic() - began:.0f} s", flush=True)
+        sections.append("\n".join([report(sc.name, results, sc.nodes, sc.duration / 86400, fleet.truth()),
+                                   *remedies]))
     text = "\n".join(sections)
     print(text)
     if args.out:
