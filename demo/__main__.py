@@ -19,6 +19,7 @@ from demo import scenario as scenarios
 from demo.stack import Ports, Stack
 from demo.webhook import Received
 from exporter.config import ConfigError
+from remediate.policy import build as remediate_policy
 
 POLL_SECONDS = 0.5
 
@@ -28,11 +29,21 @@ def matches(got: Received, want: dict[str, str], instance: str) -> bool:
         got.labels.get(k) == v for k, v in want.items())
 
 
+def to_drain(stack: Stack) -> list[str]:
+    """The nodes whose expected alerts the remediation service's default policy takes out of service."""
+    policy = remediate_policy({})
+    return [node.name for node in stack.nodes
+            if any((rule := policy.action(want)) and rule.action != "none" for want in node.scenario.expect)]
+
+
 def missing(stack: Stack) -> list[str]:
-    """Expected alerts that have not reached the webhook yet, as 'node: label set'."""
+    """Expected alerts that have not reached the webhook yet, as 'node: label set', and nodes not yet
+    drained in the demo's slurmctld."""
     received = stack.webhook.alerts()
+    drained = stack.drained()
     return [f"{node.name}: {want}" for node in stack.nodes for want in node.scenario.expect
-            if not any(matches(got, want, node.name) for got in received)]
+            if not any(matches(got, want, node.name) for got in received)] + [
+        f"{name}: drained by gpunode-remediate in slurmctld" for name in to_drain(stack) if name not in drained]
 
 
 def expected(stack: Stack) -> int:
@@ -60,8 +71,13 @@ def watch(stack: Stack, duration: float | None = None, say: Callable[[str], None
     stack stays up to be looked at, and the arrival is only said."""
     limit = bound([n.scenario for n in stack.nodes], duration)
     said = False
+    reasons: dict[str, str] = {}
     try:
         while not (dead := stack.failed()):
+            for node, reason in stack.drained().items():
+                if reasons.get(node) != reason:
+                    reasons[node] = reason
+                    say(f"{stack.elapsed():5.0f} s  slurmctld: {node} out of service, reason: {reason}")
             left = missing(stack)
             if expected(stack) and not left:
                 if limit:

@@ -1,4 +1,4 @@
-"""A real Slurm cluster for end-to-end tests, in a temporary directory on free loopback ports.
+"""A real Slurm cluster for the demo and the end-to-end tests, in a directory of its own on free loopback ports.
 
 Under `base`: its own munged (key, socket, pid, log, seed), slurm.conf, state and spool; the system munge
 and /etc/slurm stay untouched. Debian's Slurm is built with MULTIPLE_SLURMD, so each node is a real
@@ -20,11 +20,9 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from fleet.harness import free_port
 from remediate.scheduler.slurm import fields  # the service's own parser: Reason= last, its stamp dropped
@@ -44,13 +42,8 @@ def _tool(name: str) -> str:
 
 def slurm_unavailable() -> str | None:
     if missing := [name for name in TOOLS if not shutil.which(_tool(name))]:
-        return f"{', '.join(missing)} not installed (scripts/install-deps.sh --test installs them)"
-    return None if os.geteuid() == 0 else "a Slurm test cluster needs root (SlurmUser=root, its own munged)"
-
-
-def skip_without_slurm() -> None:
-    if reason := slurm_unavailable():
-        pytest.skip(reason)
+        return f"{', '.join(missing)} not installed (scripts/install-deps.sh --demo installs them)"
+    return None if os.geteuid() == 0 else "a Slurm cluster of our own needs root (SlurmUser=root, its own munged)"
 
 
 def _signal(pids: set[int], sig: signal.Signals) -> None:
@@ -283,10 +276,3 @@ exec {q(_tool("slurmd"))} -D -b -N "$2" >> {q(str(self.logs))}/slurmd-"$2".out 2
                     return
             time.sleep(0.2)
         raise RuntimeError(f"timed out after {timeout}s waiting for {what}\n{self.log_tail()}")
-
-
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory, **kwargs: Any) -> Iterator[SlurmCluster]:
-    """For a fixture: `yield from slurm_cluster(tmp_path_factory)`; skips when Slurm or root is missing."""
-    skip_without_slurm()
-    with SlurmCluster(tmp_path_factory.mktemp("slurm"), **kwargs) as cluster:
-        yield cluster

@@ -1,6 +1,7 @@
 """The demo's processes: per node the exporter and node_exporter in the node's namespace; on
 the host Prometheus (the rule pack rendered from demo/spec.yaml), Alertmanager (the example
-config, receivers pointed at the webhook) and the webhook receiver."""
+config, receivers pointed at the webhook, its remediation route at the service), the webhook
+receiver, and a real Slurm cluster (the demo's nodes and spares) that gpunode-remediate drains."""
 
 from __future__ import annotations
 
@@ -22,15 +23,19 @@ import yaml
 from demo.netns import Namespace, node_namespace
 from demo.node import SimulatedNode
 from demo.scenario import Scenario
+from demo.slurm import SlurmCluster
 from demo.webhook import Received, Receiver
 from exporter.rulepack import load_spec, render
+from fleet.harness import free_port
 
 REPO = Path(__file__).parent.parent
 DEMO_SPEC = Path(__file__).parent / "spec.yaml"
 ALERTMANAGER_EXAMPLE = REPO / "alertmanager" / "alertmanager.yml"
 SCRAPE_INTERVAL = "5s"  # demo/spec.yaml's intervals.default
 TOOLS = {"prometheus": "prometheus", "prometheus-alertmanager": "prometheus-alertmanager",
-         "prometheus-node-exporter": "prometheus-node-exporter", "ip": "iproute2"}
+         "prometheus-node-exporter": "prometheus-node-exporter", "ip": "iproute2", "slurmctld": "slurmctld",
+         "slurmd": "slurmd", "scontrol": "slurm-client", "munged": "munge"}
+SLURM_NODES = 8  # the demo's nodes and spares: one drain is the service's whole budget (5 %, at least 1)
 EXPORTER_PORT, NODE_EXPORTER_PORT = 19835, 9100  # inside each node's namespace
 
 
@@ -55,6 +60,8 @@ class Stack:
         self.scenarios, self.workdir, self.ports, self.say = scenarios, workdir, ports, say
         self.webhook = Receiver(("127.0.0.1", ports.webhook), on_alert)
         self.nodes: list[SimulatedNode] = []
+        self.cluster: SlurmCluster | None = None
+        self.remediate_port = free_port()
         self._exit = contextlib.ExitStack()
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._stop = threading.Event()
@@ -99,7 +106,13 @@ class Stack:
             self._exit.callback(node.close)
             self.nodes.append(node)
             namespaces.append(ns)
+        names = [node.name for node in self.nodes]
+        spares = [f"node-spare-{n}" for n in range(1, SLURM_NODES - len(names) + 1)]
+        self.cluster = self._exit.enter_context(SlurmCluster(self.workdir / "slurm", [*names, *spares]))
         self._write_configs(namespaces)
+        self._spawn("gpunode-remediate", [sys.executable, "-m", "remediate", "serve", "--config.file",
+                                          str(self.workdir / "remediate.yml"), "--web.listen-address",
+                                          f"127.0.0.1:{self.remediate_port}"], env=self.cluster.env)
         self.started = time.monotonic()
         for node, ns in zip(self.nodes, namespaces, strict=True):
             self._spawn(f"{node.name}-exporter", self._exporter_command(node, ns))
@@ -120,6 +133,7 @@ class Stack:
             f"--web.listen-address=127.0.0.1:{self.ports.prometheus}"])
         for name, url in (("alertmanager", f"{self.alertmanager_url}/-/ready"),
                           ("prometheus", f"{self.prometheus_url}/-/ready"),
+                          ("gpunode-remediate", f"http://127.0.0.1:{self.remediate_port}/-/ready"),
                           *((f"{n.name}-exporter", f"http://{ns.address}:{EXPORTER_PORT}/metrics")
                             for n, ns in zip(self.nodes, namespaces, strict=True))):
             self._wait_ready(name, url)
@@ -152,21 +166,35 @@ class Stack:
             "alerting": {"alertmanagers": [
                 {"static_configs": [{"targets": [f"127.0.0.1:{self.ports.alertmanager}"]}]}]},
             "scrape_configs": [{"job_name": "gpunode", "static_configs": targets(EXPORTER_PORT)},
-                               {"job_name": "node", "static_configs": targets(NODE_EXPORTER_PORT)}],
+                               {"job_name": "node", "static_configs": targets(NODE_EXPORTER_PORT)},
+                               {"job_name": "gpunode-remediate",
+                                "static_configs": [{"targets": [f"127.0.0.1:{self.remediate_port}"]}]}],
         }
         (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(prometheus, sort_keys=False))
-        # The example's routes and inhibitions as shipped; only the receivers' URLs change.
+        # The example's routes and inhibitions as shipped; only the receivers' URLs change: people's
+        # receivers print, the remediation route reaches the service.
         am = yaml.safe_load(ALERTMANAGER_EXAMPLE.read_text())
         for receiver in am["receivers"]:
             for hook in receiver.get("webhook_configs", []):
-                hook["url"] = f"http://127.0.0.1:{self.ports.webhook}/{receiver['name']}"
+                service = receiver["name"] == "gpunode-remediate"
+                hook["url"] = (f"http://127.0.0.1:{self.remediate_port}/alerts" if service
+                               else f"http://127.0.0.1:{self.ports.webhook}/{receiver['name']}")
         (self.workdir / "alertmanager.yml").write_text(yaml.safe_dump(am, sort_keys=False))
+        # Enforcing, on the demo's own cluster; a GPU "reset" is a line in resets.log. No health check: the demo
+        # ends once the node is out of service, and its exporter is in a namespace the node name does not name.
+        resets = self.workdir / "resets.log"
+        remediate = {"mode": "enforce", "state_path": str(self.workdir / "remediate.db"), "interval": "2s",
+                     "scheduler": {"kind": "slurm", "scontrol": self.cluster.scontrol_path},
+                     "reset_command": ["sh", "-c", f'echo "GPU reset: $0 GPU $1" >> {resets}', "{node}", "{gpu}"],
+                     "health_check": {"enabled": False}}
+        (self.workdir / "remediate.yml").write_text(yaml.safe_dump(remediate, sort_keys=False))
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         logs = self.workdir / "logs"
         logs.mkdir(exist_ok=True)
         log: IO[bytes] = self._exit.enter_context((logs / f"{name}.log").open("wb"))
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                                env=env)
         self._procs[name] = proc
         self._exit.callback(_stop_process, proc)
 
@@ -208,6 +236,13 @@ class Stack:
     def failed(self) -> list[str]:
         """Processes that exited."""
         return [name for name, proc in self._procs.items() if proc.poll() is not None]
+
+    def drained(self) -> dict[str, str]:
+        """Nodes gpunode-remediate took out of service in the demo's slurmctld: node -> reason."""
+        if self.cluster is None:
+            return {}
+        return {n["NodeName"]: n["Reason"] for n in self.cluster.all_nodes()
+                if n.get("Reason", "").startswith("gpunode:")}
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query against the demo's Prometheus."""

@@ -98,7 +98,7 @@ def test_host_lists(text: str, names: list[str]) -> None:
     assert expand_hostlist(text) == names
 
 
-@pytest.mark.parametrize("text", ["gpu[a-b]", "gpu[1-100000000]", "gpu[１-2]"])
+@pytest.mark.parametrize("text", ["gpu[a-b]", "gpu[1-100000000]", "gpu[\uff11-2]"])
 def test_bad_host_lists_are_refused(text: str) -> None:
     with pytest.raises(ValueError):
         expand_hostlist(text)
