@@ -4,14 +4,12 @@ test, and the exporter processes they start."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import hashlib
 import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -25,8 +23,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for fleet/
 from fleet.harness import free_port  # noqa: F401  (one copy of it: the benchmarks take it from here)
-
-_libc = ctypes.CDLL(None, use_errno=True)
+from remediate.command import die_with_parent  # noqa: F401  (likewise)
 
 
 class BenchError(RuntimeError):
@@ -220,11 +217,6 @@ def finish(results: dict[str, Any], output: Path, machine: str) -> int:
     output.write_text(json.dumps(results, indent=2) + "\n")
     print(f"results: {output}")
     return 0
-
-
-def die_with_parent() -> None:
-    """preexec_fn: the child gets SIGKILL when this process dies, however it dies."""
-    _libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 def find_ours() -> str:

@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -77,7 +78,9 @@ class SlurmCluster:
         self.conf = self.base / "slurm.conf"
         self.logs = self.base / "log"
         self.reboot_log = self.base / "reboots.log"
-        self.munge_socket = self.base / "munge" / "munge.socket"
+        # A unix socket's path has at most 107 bytes, which a test's or the demo's directory can exceed.
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="gpunode-munge-"))
+        self.munge_socket = self._socket_dir / "socket"
         self.scontrol_path = _tool("scontrol")  # SLURM_CONF in the environment suffices: no wrapper
         outer = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}  # run in a job?
         self.env = {**outer, "SLURM_CONF": str(self.conf)}  # for its users; no MARK: stop() spares them
@@ -124,6 +127,7 @@ class SlurmCluster:
         while (pids := self.processes()) and time.monotonic() < deadline:
             _signal(pids, signal.SIGKILL)  # still dying, or escaped the freeze
             time.sleep(0.05)
+        shutil.rmtree(self._socket_dir, ignore_errors=True)
         if pids:
             raise RuntimeError(f"Slurm test processes survived SIGKILL: {sorted(pids)}")
 

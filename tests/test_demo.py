@@ -177,16 +177,26 @@ def test_xid_alert_names_the_gpu(demo_stack: Stack) -> None:
     """The Xid 79 notification carries the GPU's index and UUID (mapped from the kernel log's bus id)."""
     xid = [got for got in demo_stack.webhook.alerts() if got.labels["alertname"] == "GpuXidHardwareFault"]
     assert xid and all(got.labels["gpu"] == "2" and got.labels["uuid"].startswith("GPU-de302f70") for got in xid)
-    assert {got.receiver for got in xid} == {"node-automation", "pager"}  # the example's routes
+    assert {got.receiver for got in xid} == {"pager"}  # the example's routes: the service has its own
+
+
+def test_the_faulty_node_is_taken_out_of_service_in_slurmctld(demo_run: Run) -> None:
+    """gpunode-remediate, fed by Alertmanager's remediation route, drained the faulty node in the demo's own
+    slurmctld with its marker (and escalated to a reboot on the Xid 79); no healthy node was touched."""
+    drained = demo_run.stack.drained()
+    assert set(drained) == {"node-faulty"}, drained
+    assert drained["node-faulty"].startswith("gpunode: "), drained
 
 
 def test_every_dashboard_panel_query_returns_data(demo_stack: Stack) -> None:
     """Each panel query of the dashboards rendered with the demo's spec returns data from the demo's
     Prometheus, except panels needing what the demo lacks (dcgm-exporter, PFC, an NFS mount node_exporter
-    sees, a job's hours of past): those return none, which shows their stated need is real."""
+    sees, a job's hours of past, a node held by gpunode-remediate): those return none, which shows their stated
+    need is real."""
     promql_parser = pytest.importorskip("promql_parser")
     absent_in_demo = {DCGM, PFC, NFS_MOUNT, JOB_PAST}
-    empty, lacking = set(), set()
+    # gpunode-remediate holds no node and raises no alert of its own in the demo.
+    empty, lacking = set(), {"Nodes held for a person", "Remediation alerts firing"}
     for built in dashboards.build(load_spec(DEMO_SPEC)):
         lacking |= {title for title, need in built.needs.items() if any(a in need for a in absent_in_demo)}
         for query in dashboards.panel_queries(built.dashboard):
