@@ -5,13 +5,18 @@ notifications never double an action; a restart resumes where the last run stopp
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from exporter.exposition import Renderer
+from remediate import metrics
 from remediate.alerts import parse
 from remediate.engine import Engine
+from remediate.plan import Step
 from remediate.policy import build
 from remediate.scheduler import build as scheduler
 from remediate.state import State
@@ -158,3 +163,31 @@ def test_the_breaker_stays_open_until_a_person_resets_it(tmp_path: Path, cluster
     e.reconcile()
     assert len(calls(cluster)) == 4  # a fresh budget of 2, then open again
     assert e.state.breaker()[0]
+
+
+def test_a_reset_cut_short_by_a_restart_holds_the_node(tmp_path: Path, cluster: Path) -> None:
+    """The scheduler shows whether a drain or reboot took effect; nothing shows whether a reset ran."""
+    clock = Clock()
+    e = engine(tmp_path, cluster, clock)
+    deliver(e, alert_json("GpuRowRemapPending", "gpu006", gpu="5"), clock=clock)
+    e.state.set_record("gpu006", "reset_wait", "reset", "x", clock.now, ("5",))
+    # Begun, never finished: the service was killed mid-call.
+    e.state.begin(Step("gpu006", "reset", "no job runs on it", phase="reset_done"), clock.now)
+    e.state.close()
+    again = engine(tmp_path, cluster, clock)
+    assert again.state.records()["gpu006"].phase == "held"
+    again.reconcile()
+    assert not (tmp_path / "resets").exists() and again.state.records()["gpu006"].phase == "held"
+
+
+def test_the_metrics_pass_promtool(tmp_path: Path, cluster: Path) -> None:
+    clock = Clock()
+    e = engine(tmp_path, cluster, clock)
+    deliver(e, alert_json("GpuRowRemapFailure", "gpu001", gpu="1"), clock=clock)
+    text = Renderer().render(metrics.families(e)).decode()
+    assert 'gpunode_remediate_node_held_since_timestamp_seconds{node="gpu001"' in text
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (scripts/install-deps.sh --test installs it)")
+    out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -333,3 +333,15 @@ def test_a_dry_run_calls_nothing(cluster: SlurmCluster, service: Callable[..., S
         (("action", "reboot"), ("result", "dry_run"))))
     assert flags(cluster.node("gpu009")) == {"IDLE"} and "gpunode:" not in reasons(cluster)
     assert "mode: dry-run" in svc.command("status").stdout
+
+
+def test_a_stragglers_job_is_requeued_without_it_when_the_policy_says_so(
+        cluster: SlurmCluster, service: Callable[..., Service]) -> None:
+    job = cluster.submit("gpu010", 300)
+    svc = service(requeue={"enabled": True}).start()
+    posted = notification(alert_json("GpuNodeClockThrottled", "gpu010", starts=time.time()))
+    requests.post(f"{svc.url}/alerts", data=posted, timeout=10).raise_for_status()
+    wait("the requeue", lambda: cluster.job(job).get("Restarts") == "1")
+    assert "DRAIN" in flags(cluster.node("gpu010"))
+    time.sleep(3)  # more looks: one requeue, the backoff holds the next
+    assert cluster.job(job)["Restarts"] == "1" and cluster.job(job).get("NodeList") != "gpu010"
