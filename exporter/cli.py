@@ -14,7 +14,8 @@ from pathlib import Path
 from exporter import __version__, config, logs, process, webconfig
 from exporter.collector import COLLECTORS, Collector, Context
 from exporter.exposition import Renderer
-from exporter.http import ThreadingHTTPServer, make_handler, make_server, parse_listen_address
+from exporter.flags import Parser, listen_address
+from exporter.http import ThreadingHTTPServer, make_handler, make_server
 from exporter.netroute import CachedLookup, route_device
 from exporter.rulepack import TARGETS, TIERS
 from exporter.scrape import Scraper
@@ -22,20 +23,6 @@ from exporter.scrape import Scraper
 PROG = "gpunode-exporter"
 DEFAULT_LISTEN = ":19835"
 COMMANDS = ("serve", "dump", "doctor", "rules", "dashboards")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"{PROG}: error: {message}\n")
-        sys.exit(2)
-
-
-def _listen_address(value: str) -> str:
-    try:
-        parse_listen_address(value)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return value
 
 
 def _common_flags(p: argparse.ArgumentParser) -> None:
@@ -68,7 +55,7 @@ def _common_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="GPU training-node exporter for Prometheus.")
+    parser = Parser(prog=PROG, description="GPU training-node exporter for Prometheus.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = sub.add_parser("serve", help="serve metrics over HTTP (the default)",
@@ -78,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "`dashboards render` (the Grafana dashboards); `gpunode-exporter COMMAND --help` "
                            "for each.")
     _common_flags(serve)
-    serve.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN, type=_listen_address,
+    serve.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN, type=listen_address,
                        metavar="[HOST]:PORT", help=f"address to listen on (default: {DEFAULT_LISTEN})")
     serve.add_argument("--web.telemetry-path", dest="telemetry_path", default="/metrics",
                        metavar="PATH", help="path under which to expose metrics (default: /metrics)")

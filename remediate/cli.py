@@ -13,7 +13,8 @@ from pathlib import Path
 
 from exporter import __version__, logs, webconfig
 from exporter.config import ConfigError
-from exporter.http import make_server, parse_listen_address
+from exporter.flags import Parser, listen_address
+from exporter.http import make_server
 from remediate import policy as policies
 
 PROG = "gpunode-remediate"
@@ -21,28 +22,11 @@ DEFAULT_LISTEN = ":19836"
 log = logging.getLogger(PROG)
 
 
-class _Parser(argparse.ArgumentParser):
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(allow_abbrev=False, **kwargs)  # a flag is spelled in full, as node_exporter wants
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"{PROG}: error: {message}\n")
-        sys.exit(2)
-
-
-def _listen_address(value: str) -> str:
-    try:
-        parse_listen_address(value)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Turns the rule pack's alerts into scheduler actions: drain, reboot or "
+    parser = Parser(prog=PROG, description="Turns the rule pack's alerts into scheduler actions: drain, reboot or "
                      "GPU reset once idle, return to service. Dry run unless the policy says mode: enforce.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
 
     def command(name: str, text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text, description=text)
@@ -51,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     serve = command("serve", "receive Alertmanager's webhooks on /alerts and act on them")
-    serve.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN, type=_listen_address,
+    serve.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN, type=listen_address,
                        metavar="[HOST]:PORT", help=f"address to listen on (default: {DEFAULT_LISTEN})")
     serve.add_argument("--web.config.file", dest="web_config", type=Path, metavar="FILE",
                        help="exporter-toolkit web config: TLS and basic auth")
@@ -64,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     command("check", "validate the policy: exit 0, or 2 with one line")
     breaker = sub.add_parser("breaker", help="the circuit breaker", description="The circuit breaker.")
     breaker_sub = breaker.add_subparsers(dest="breaker_command", metavar="COMMAND", required=True,
-                                         parser_class=_Parser)
+                                         parser_class=Parser)
     reset = breaker_sub.add_parser("reset", help="close the circuit breaker (a person's decision)",
                                    description="Close the circuit breaker: new drains may happen again.")
     reset.add_argument("--config.file", dest="config_file", type=Path, required=True, metavar="FILE",

@@ -46,9 +46,9 @@ def _tool(name: str) -> str:
     return path
 
 
-def _setting(name: str) -> str:
-    values = re.findall(rf"^{name}=(.*)$", UNIT.read_text(), re.M)
-    assert len(values) == 1, f"{name}= set {len(values)} times in the unit"
+def _setting(name: str, unit: Path = UNIT) -> str:
+    values = re.findall(rf"^{name}=(.*)$", unit.read_text(), re.M)
+    assert len(values) == 1, f"{name}= set {len(values)} times in {unit.name}"
     return values[0]
 
 
@@ -67,32 +67,36 @@ def _doc_section(title: str) -> str:
 
 # --- the unit file ---------------------------------------------------------------------------
 
-def _verify(root: Path) -> subprocess.CompletedProcess[str]:
+def _verify(root: Path, unit: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([_tool("systemd-analyze"), "verify", f"--root={root}", "--man=no", "--generators=no",
-                           UNIT.name], capture_output=True, text=True, timeout=30)
+                           unit.name], capture_output=True, text=True, timeout=30)
 
 
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
-    """The shipped unit, unchanged, in a scratch root with systemd's units. verify insists that ExecStart's
+    verify_unit(UNIT, tmp_path)
+
+
+def verify_unit(unit: Path, tmp_path: Path) -> None:
+    """A shipped unit, unchanged, in a scratch root with systemd's units. verify insists that ExecStart's
     binary exists (inside --root): a stand-in sits at the unit's own path, nothing in the unit is replaced."""
     _tool("systemd-analyze")
     (tmp_path / "etc" / "systemd" / "system").mkdir(parents=True)
     (tmp_path / "usr" / "lib" / "systemd").mkdir(parents=True)
     shutil.copytree("/lib/systemd/system", tmp_path / "usr" / "lib" / "systemd" / "system", symlinks=True)
-    installed = tmp_path / "etc" / "systemd" / "system" / UNIT.name
-    shutil.copy(UNIT, installed)
+    installed = tmp_path / "etc" / "systemd" / "system" / unit.name
+    shutil.copy(unit, installed)
     # Without the binary, verify fails: the check is real, and looks inside --root.
-    binary = _setting("ExecStart").split()[0]
-    assert binary in _verify(tmp_path).stderr
+    binary = _setting("ExecStart", unit).split()[0]
+    assert binary in _verify(tmp_path, unit).stderr
     stand_in = tmp_path / binary.lstrip("/")
     stand_in.parent.mkdir(parents=True)
     stand_in.write_text("#!/bin/sh\n")
     stand_in.chmod(0o755)
-    out = _verify(tmp_path)
+    out = _verify(tmp_path, unit)
     assert out.returncode == 0 and not out.stderr.strip(), out.stderr
     # And it reads what it is given: an unknown key fails.
-    installed.write_text(UNIT.read_text().replace("[Service]", "[Service]\nNoSuchSetting=1"))
-    assert "NoSuchSetting" in _verify(tmp_path).stderr
+    installed.write_text(unit.read_text().replace("[Service]", "[Service]\nNoSuchSetting=1"))
+    assert "NoSuchSetting" in _verify(tmp_path, unit).stderr
 
 
 def exposure_level(output: str) -> str:

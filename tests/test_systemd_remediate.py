@@ -26,7 +26,7 @@ import yaml
 from remediate.cli import build_parser
 from remediate.policy import DEFAULT_STATE
 from tests.test_systemd import UNIT as EXPORTER_UNIT
-from tests.test_systemd import exposure_level
+from tests.test_systemd import exposure_level, verify_unit
 
 ROOT = Path(__file__).parent.parent
 UNIT = ROOT / "systemd" / "gpunode-remediate.service"
@@ -63,30 +63,8 @@ def _readme_section(title: str) -> str:
 
 # --- the unit file ---------------------------------------------------------------------------
 
-def _verify(root: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([_tool("systemd-analyze"), "verify", f"--root={root}", "--man=no", "--generators=no",
-                           UNIT.name], capture_output=True, text=True, timeout=30)
-
-
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
-    """As the exporter's: the unit unchanged in a scratch root with systemd's units, a stand-in at its
-    ExecStart path (verify insists the binary exists; without it, it fails), an unknown key fails."""
-    _tool("systemd-analyze")
-    (tmp_path / "etc" / "systemd" / "system").mkdir(parents=True)
-    (tmp_path / "usr" / "lib" / "systemd").mkdir(parents=True)
-    shutil.copytree("/lib/systemd/system", tmp_path / "usr" / "lib" / "systemd" / "system", symlinks=True)
-    installed = tmp_path / "etc" / "systemd" / "system" / UNIT.name
-    shutil.copy(UNIT, installed)
-    binary = _setting("ExecStart").split()[0]
-    assert binary in _verify(tmp_path).stderr
-    stand_in = tmp_path / binary.lstrip("/")
-    stand_in.parent.mkdir(parents=True)
-    stand_in.write_text("#!/bin/sh\n")
-    stand_in.chmod(0o755)
-    out = _verify(tmp_path)
-    assert out.returncode == 0 and not out.stderr.strip(), out.stderr
-    installed.write_text(UNIT.read_text().replace("[Service]", "[Service]\nNoSuchSetting=1"))
-    assert "NoSuchSetting" in _verify(tmp_path).stderr
+    verify_unit(UNIT, tmp_path)
 
 
 def test_security_exposure_is_documented_and_bounded() -> None:
