@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import urllib.error
 import urllib.request
@@ -23,6 +24,8 @@ def gpu_trouble(exposition: str) -> str | None:
             number = float(value)
         except ValueError:
             continue
+        if not math.isfinite(number):
+            continue  # NaN or Inf is no count
         if name == "gpunode_gpus_expected":
             expected = number
         elif name == "gpunode_gpus_visible" and 'source="nvml"' in (labels or ""):
