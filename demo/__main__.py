@@ -72,8 +72,12 @@ def watch(stack: Stack, duration: float | None = None, say: Callable[[str], None
     limit = bound([n.scenario for n in stack.nodes], duration)
     said = False
     reasons: dict[str, str] = {}
+    resets = 0
     try:
         while not (dead := stack.failed()):
+            for line in stack.resets()[resets:]:
+                resets += 1
+                say(f"{stack.elapsed():5.0f} s  gpunode-remediate: {line}")
             for node, reason in stack.drained().items():
                 if reasons.get(node) != reason:
                     reasons[node] = reason

@@ -244,6 +244,11 @@ class Stack:
         return {n["NodeName"]: n["Reason"] for n in self.cluster.all_nodes()
                 if n.get("Reason", "").startswith("gpunode:")}
 
+    def resets(self) -> list[str]:
+        """The GPU resets gpunode-remediate ran (the demo's reset command writes a line each)."""
+        log = self.workdir / "resets.log"
+        return log.read_text().splitlines() if log.exists() else []
+
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query against the demo's Prometheus."""
         reply = requests.get(f"{self.prometheus_url}/api/v1/query", params={"query": expr}, timeout=10)
