@@ -72,6 +72,10 @@ class Engine:
         self.wake.set()
         return changed
 
+    def count_webhook_error(self, reason: str) -> None:
+        with self.lock:  # the HTTP server's threads count at once
+            self.webhook_errors[reason] += 1
+
     def run_forever(self, stop: threading.Event) -> None:
         while not stop.is_set():
             self.wake.wait(self.policy.interval)

@@ -53,7 +53,7 @@ def make_handler(engine: Engine, web: WebConfig, token: bytes | None) -> type:
             return basic_authorized(header, web)
 
         def _refuse(self) -> None:
-            engine.webhook_errors["unauthorized"] += 1
+            engine.count_webhook_error("unauthorized")
             self._send(401, b"Unauthorized\n", extra={"WWW-Authenticate": 'Basic realm="gpunode-remediate"'})
 
         def do_GET(self) -> None:
@@ -98,14 +98,14 @@ def make_handler(engine: Engine, web: WebConfig, token: bytes | None) -> type:
             try:
                 changed = engine.receive(notification, received)
             except Exception as err:  # the state file: Alertmanager retries on 5xx
-                engine.webhook_errors["storage"] += 1
+                engine.count_webhook_error("storage")
                 log.exception("cannot store a notification")
                 self._send(500, f"cannot store the notification: {err}\n".encode())
                 return
             self._send(200, f"{len(notification.alerts)} alerts, {changed} changed\n".encode())
 
         def _bad(self, kind: str, reason: str) -> None:
-            engine.webhook_errors[kind] += 1
+            engine.count_webhook_error(kind)
             log.warning("refused a notification from %s: %s", self.address_string(), reason)
             self._send(400, f"{reason}\n".encode())
 

@@ -94,12 +94,12 @@ class State:
                         same = abs(alert.starts_at - starts) <= 1e-3
                         if same and (status == "resolved" or alert.status == status):
                             continue  # repeated, or firing after resolved
-                    ends = alert.ends_at if alert.status == "resolved" else None
+                    # When it resolved: as Alertmanager says, never later than now.
+                    ends = min(alert.ends_at or now, now) if alert.status == "resolved" else None
                     self.db.execute(
                         "INSERT OR REPLACE INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                         (alert.fingerprint, node, alert.name, json.dumps(alert.labels, sort_keys=True),
-                         alert.status, alert.starts_at, min(ends or now, now) if alert.status == "resolved" else None,
-                         now))
+                         alert.status, alert.starts_at, ends, now))
                     changed += 1
                 self.db.execute("COMMIT")
             except BaseException:
