@@ -76,7 +76,7 @@ def decision_time(base: Path, cluster: SlurmCluster, rounds: int) -> dict[str, o
     ours, direct, listing = [], [], []
     try:
         for n in range(rounds):
-            node = NODES[n % len(NODES)]
+            node = NODES[n]  # the first half for the service, the second for scontrol alone
             before = len(calls_started(log, "reboot"))
             sent = time.time()
             body = notification(alert_json("GpuXidHardwareFault", node, starts=sent - 30 + n, xid="79",
@@ -86,7 +86,7 @@ def decision_time(base: Path, cluster: SlurmCluster, rounds: int) -> dict[str, o
                 time.sleep(0.005)
             ours.append(calls_started(log, "reboot")[-1] - sent)
             began = time.monotonic()
-            cluster.scontrol("reboot", "ASAP", "nextstate=DOWN", "reason=gpunode: bench", NODES[-1 - n % 10],
+            cluster.scontrol("reboot", "ASAP", "nextstate=DOWN", "reason=gpunode: bench", NODES[len(NODES) // 2 + n],
                              check=True)
             direct.append(time.monotonic() - began)
             began = time.monotonic()
@@ -140,12 +140,15 @@ def main() -> int:
     parser.add_argument("--burst", type=int, default=1000)
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "remediate.json")
     args = parser.parse_args()
+    if not 1 <= args.rounds <= len(NODES) // 2:
+        parser.error(f"--rounds: 1 to {len(NODES) // 2} (a node each)")
     if reason := slurm_unavailable():
         sys.exit(f"remediate benchmark: {reason}")
     started, cpu_before = time.monotonic(), cpu_times()
     results: dict[str, object] = {"machine": machine_info(), "exporter_source_sha256": source_fingerprint()}
     with tempfile.TemporaryDirectory() as tmp, SlurmCluster(Path(tmp) / "slurm", NODES) as cluster:
         results["decision"] = decision_time(Path(tmp), cluster, args.rounds)
+        cluster._wait(lambda: not any("REBOOT" in n["State"] for n in cluster.all_nodes()), "the reboots", 60)
         for node in NODES:
             cluster.scontrol("update", f"nodename={node}", "state=resume")
         cluster._wait(lambda: all(n["State"] == "IDLE" for n in cluster.all_nodes()), "idle nodes", 60)
