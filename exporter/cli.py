@@ -144,15 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     parser, args = parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.command in ("rules", "dashboards"):
         return _render(args, parser)
+    # A mount point that is not there is a typo in the unit or the pod spec, not a node without
+    # those files: refused like a broken --config.file, not served (or checked) as a node without
+    # GPUs or mounts.
+    for flag, path in (("--path.procfs", args.procfs), ("--path.sysfs", args.sysfs)):
+        if not path.is_dir():
+            parser.error(f"{flag} {path}: no such directory")
     if args.command == "doctor":
         from exporter import doctor  # reports bad config files itself, as findings
 
         return doctor.run(args)
-    # A mount point that is not there is a typo in the unit or the pod spec, not a node without
-    # those files: refused like a broken --config.file, not served as a node without GPUs or mounts.
-    for flag, path in (("--path.procfs", args.procfs), ("--path.sysfs", args.sysfs)):
-        if not path.is_dir():
-            parser.error(f"{flag} {path}: no such directory")
     logs.setup(args.log_level)
     try:
         cfg = config.load(args.config_file)

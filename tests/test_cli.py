@@ -159,3 +159,10 @@ def test_disable_defaults_keeps_only_the_named_collectors() -> None:
     collectors = {line.split('"')[1] for line in out.stdout.splitlines()
                   if line.startswith("gpunode_scrape_collector_success{")}
     assert collectors == {"staging"}
+
+
+@pytest.mark.parametrize("command", ["serve", "dump", "doctor"])
+def test_a_missing_path_is_the_same_one_line_error_for_every_command(command: str) -> None:
+    out = run(command, "--path.procfs", "/nonexistent/proc", "--no-collector.gpu")
+    assert out.returncode == 2 and "please report" not in out.stderr
+    assert out.stderr == "gpunode-exporter: error: --path.procfs /nonexistent/proc: no such directory\n"
