@@ -58,6 +58,16 @@ def copy_tracked_files(dest: Path) -> Path:
     return dest
 
 
+def skip_without_kmsg() -> None:
+    """A container (systemd-nspawn's default devices) may have no /dev/kmsg, or one nobody may read:
+    then a test of reading the kernel log has nothing to read."""
+    try:
+        with open("/dev/kmsg", "rb", buffering=0):
+            pass
+    except OSError as err:
+        pytest.skip(f"/dev/kmsg cannot be read here ({err.strerror}): no kernel log to test against")
+
+
 def skip_unless_nobody_can_run_the_checkout() -> None:
     """A test that drops to nobody needs root, setpriv, and a checkout and venv nobody can read: a
     checkout under /root (mode 0700) is not one, and the test cannot say anything there."""

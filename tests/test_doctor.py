@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import AS_NOBODY, skip_unless_nobody_can_run_the_checkout
+from tests.helpers import AS_NOBODY, skip_unless_nobody_can_run_the_checkout, skip_without_kmsg
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -161,6 +161,7 @@ def test_gpu_processes_without_the_capabilities_the_unit_grants(tmp_path: Path) 
 def test_the_kernel_log_without_cap_syslog() -> None:
     import tempfile
 
+    skip_without_kmsg()
     skip_unless_nobody_can_run_the_checkout()
     with tempfile.TemporaryDirectory() as state:
         os.chmod(state, 0o777)

@@ -45,7 +45,7 @@ from exporter.kmsg import KmsgReader, parse_record
 from exporter.xid import state as statefile
 from exporter.xid.tracker import IDLE_SAVE_INTERVAL
 from tests import rootfs
-from tests.helpers import Series, free_port, parse_exposition, wait_for_port
+from tests.helpers import Series, free_port, parse_exposition, skip_without_kmsg, wait_for_port
 from tests.test_systemd import TMPFILES, UNIT, _setting, exposure_level, offline_security
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,8 +141,7 @@ def _install(root: Path, port: int) -> None:
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     rootfs.skip_unless_ready("nsenter")
-    if not KMSG.exists():
-        pytest.skip(f"no {KMSG} to give the booted system")
+    skip_without_kmsg()  # the booted system is given the host's
     work = tmp_path_factory.mktemp("system-unit")
     root = work / "root"
     try:
