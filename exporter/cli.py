@@ -209,14 +209,18 @@ def _render(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """`rules render` and `dashboards render`: files from the spec, written to --out."""
     # Here, not at the top: `serve` needs neither jinja2 nor Grafana's SDK (memory, start time).
     from exporter import dashboards, rulepack
+    from exporter.rulepack import check
     try:
         spec = rulepack.load_spec(args.spec)
+        check.check_spec(spec)
         if args.command == "rules":
             from exporter.rulepack import tiers
 
-            files = tiers.split(rulepack.render(spec, args.target), args.tier, spec["labels"]["node"])
+            rendered = rulepack.render(spec, args.target)
+            check.check_rules(spec, rendered)
+            files = tiers.split(rendered, args.tier, spec["labels"]["node"])
         else:
-            files = dashboards.files(spec)
+            files = check.checked(spec, lambda: dashboards.files(spec))
     except config.ConfigError as err:
         parser.error(str(err))
     try:

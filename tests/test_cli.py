@@ -166,3 +166,18 @@ def test_a_missing_path_is_the_same_one_line_error_for_every_command(command: st
     out = run(command, "--path.procfs", "/nonexistent/proc", "--no-collector.gpu")
     assert out.returncode == 2 and "please report" not in out.stderr
     assert out.stderr == "gpunode-exporter: error: --path.procfs /nonexistent/proc: no such directory\n"
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("selectors:\n  gpunode: 'job=\"a'\n", "key 'selectors.gpunode': 'job=\"a' is no list of label matchers"),
+    ("selectors:\n  node: 'job=~\"[\"'\n", "key 'selectors.node': 'job=~\"[\"' is no list of label matchers"),
+    ("out_of_service: 'foo_bar(up) == 1'\n", "key 'out_of_service': 'foo_bar(up) == 1' is no valid PromQL"),
+    ("labels:\n  node: 'in stance'\n", "keys changed from the shipped spec: 'labels.node'"),
+])
+@pytest.mark.parametrize("command", ["rules", "dashboards"])
+def test_a_spec_that_makes_invalid_promql_is_one_line_and_writes_nothing(tmp_path: Path, spec: str, message: str,
+                                                                          command: str) -> None:
+    (tmp_path / "spec.yaml").write_text(spec)
+    out = run(command, "render", "--spec", str(tmp_path / "spec.yaml"), "--out", str(tmp_path / "out"))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+    assert not (tmp_path / "out").exists()
