@@ -13,14 +13,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import requests
 import yaml
 
-from demo.netns import Namespace, node_namespace
+from demo.netns import Forwarder, Namespace, node_namespace
 from demo.node import SimulatedNode
 from demo.scenario import Scenario
 from demo.slurm import SlurmCluster
@@ -36,14 +36,17 @@ TOOLS = {"prometheus": "prometheus", "prometheus-alertmanager": "prometheus-aler
          "prometheus-node-exporter": "prometheus-node-exporter", "ip": "iproute2", "slurmctld": "slurmctld",
          "slurmd": "slurmd", "scontrol": "slurm-client", "munged": "munge"}
 SLURM_NODES = 8  # the demo's nodes and spares: one drain is the service's whole budget (5 %, at least 1)
-EXPORTER_PORT, NODE_EXPORTER_PORT = 19835, 9100  # inside each node's namespace
+EXPORTER_PORT, NODE_EXPORTER_PORT = 19835, 9100  # on 127.0.0.1 inside each node's namespace
 
 
 @dataclass(frozen=True)
 class Ports:
-    prometheus: int = 19090
-    alertmanager: int = 19093
-    webhook: int = 19099
+    """Where the demo's servers listen on the host's 127.0.0.1: free ports, so that demos (and a demo
+    and the tests) run side by side."""
+
+    prometheus: int = field(default_factory=free_port)
+    alertmanager: int = field(default_factory=free_port)
+    webhook: int = field(default_factory=free_port)
 
 
 def missing_tools() -> list[str]:
@@ -54,11 +57,12 @@ def missing_tools() -> list[str]:
 class Stack:
     """Everything running; leave the `with` block to stop it all and remove the namespaces."""
 
-    def __init__(self, scenarios: list[Scenario], workdir: Path, ports: Ports = Ports(),
+    def __init__(self, scenarios: list[Scenario], workdir: Path, ports: Ports | None = None,
                  on_alert: Callable[[Received], None] = lambda _r: None,
                  say: Callable[[str], None] = lambda _s: None) -> None:
-        self.scenarios, self.workdir, self.ports, self.say = scenarios, workdir, ports, say
-        self.webhook = Receiver(("127.0.0.1", ports.webhook), on_alert)
+        self.scenarios, self.workdir, self.ports, self.say = scenarios, workdir, ports or Ports(), say
+        self.webhook = Receiver(("127.0.0.1", self.ports.webhook), on_alert)
+        self.forwarded: dict[tuple[str, int], int] = {}  # (node, port inside) -> port on the host
         self.nodes: list[SimulatedNode] = []
         self.cluster: SlurmCluster | None = None
         self.remediate_port = free_port()
@@ -70,6 +74,10 @@ class Stack:
     @property
     def prometheus_url(self) -> str:
         return f"http://127.0.0.1:{self.ports.prometheus}"
+
+    def exporter_url(self, node: str) -> str:
+        """A node's gpunode-exporter, as the host reaches it (through its Forwarder)."""
+        return f"http://127.0.0.1:{self.forwarded[(node, EXPORTER_PORT)]}"
 
     @property
     def alertmanager_url(self) -> str:
@@ -106,10 +114,12 @@ class Stack:
             self._exit.callback(node.close)
             self.nodes.append(node)
             namespaces.append(ns)
+            for port in (EXPORTER_PORT, NODE_EXPORTER_PORT):
+                self.forwarded[(name, port)] = self._exit.enter_context(Forwarder(ns.name, port)).port
         names = [node.name for node in self.nodes]
         spares = [f"node-spare-{n}" for n in range(1, SLURM_NODES - len(names) + 1)]
         self.cluster = self._exit.enter_context(SlurmCluster(self.workdir / "slurm", [*names, *spares]))
-        self._write_configs(namespaces)
+        self._write_configs()
         self._spawn("gpunode-remediate", [sys.executable, "-m", "remediate", "serve", "--config.file",
                                           str(self.workdir / "remediate.yml"), "--web.listen-address",
                                           f"127.0.0.1:{self.remediate_port}"], env=self.cluster.env)
@@ -118,7 +128,7 @@ class Stack:
             self._spawn(f"{node.name}-exporter", self._exporter_command(node, ns))
             self._spawn(f"{node.name}-node_exporter", [
                 "ip", "netns", "exec", ns.name, shutil.which("prometheus-node-exporter") or "",
-                f"--web.listen-address={ns.address}:{NODE_EXPORTER_PORT}",
+                f"--web.listen-address=127.0.0.1:{NODE_EXPORTER_PORT}",
                 "--no-collector.systemd"])  # the node's own; and a container may have no systemd
         ticker = threading.Thread(target=self._tick, daemon=True)
         ticker.start()
@@ -134,8 +144,7 @@ class Stack:
         for name, url in (("alertmanager", f"{self.alertmanager_url}/-/ready"),
                           ("prometheus", f"{self.prometheus_url}/-/ready"),
                           ("gpunode-remediate", f"http://127.0.0.1:{self.remediate_port}/-/ready"),
-                          *((f"{n.name}-exporter", f"http://{ns.address}:{EXPORTER_PORT}/metrics")
-                            for n, ns in zip(self.nodes, namespaces, strict=True))):
+                          *((f"{n.name}-exporter", f"{self.exporter_url(n.name)}/metrics") for n in self.nodes)):
             self._wait_ready(name, url)
 
     def _exporter_command(self, node: SimulatedNode, ns: Namespace) -> list[str]:
@@ -146,9 +155,9 @@ class Stack:
                 "--path.procfs", str(node.procfs), "--path.sysfs", str(node.sysfs), "--path.kmsg", str(node.kmsg),
                 "--path.state", str(node.root / "state"), "--config.file", str(config),
                 "--nvml.simulate", str(node.scenario.nvml_file(node.root)),
-                "--web.listen-address", f"{ns.address}:{EXPORTER_PORT}"]
+                "--web.listen-address", f"127.0.0.1:{EXPORTER_PORT}"]
 
-    def _write_configs(self, namespaces: list[Namespace]) -> None:
+    def _write_configs(self) -> None:
         rules = self.workdir / "rules"
         rules.mkdir()
         for name, text in render(load_spec(DEMO_SPEC), "prometheus").items():
@@ -157,8 +166,8 @@ class Stack:
         def targets(port: int) -> list[dict[str, Any]]:
             # The rule pack joins the exporters of one node on `instance` (spec labels.node): give
             # both the node's name. On a real cluster, relabel host:port to host (docs/install.md).
-            return [{"targets": [f"{ns.address}:{port}"], "labels": {"instance": node.name}}
-                    for node, ns in zip(self.nodes, namespaces, strict=True)]
+            return [{"targets": [f"127.0.0.1:{self.forwarded[(node.name, port)]}"], "labels": {"instance": node.name}}
+                    for node in self.nodes]
 
         prometheus = {
             "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},

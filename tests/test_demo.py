@@ -12,25 +12,23 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from demo import scenario as scenarios
 from demo.__main__ import POLL_SECONDS, Ending, bound, main, matches, watch
-from demo.stack import DEMO_SPEC, Ports, Stack, missing_tools
+from demo.stack import DEMO_SPEC, Stack, missing_tools
 from exporter import dashboards
 from exporter.dashboards.board import DCGM, JOB_PAST, NFS_MOUNT, PFC, expand
 from exporter.rulepack import load_spec
-from tests.helpers import free_port
 from tests.netns import netns_unavailable
 
 # The faulty scenario's faults begin by 100 s; its alerts need their `for` and
@@ -65,15 +63,11 @@ def test_a_demo_that_cannot_start_leaves_no_directory(tmp_path: Path, monkeypatc
     assert [p.name[:13] for p in tmp_path.iterdir()] == ["gpunode-demo-"]
 
 
-# `python -m demo` as users run it, on the demo's own ports and addresses: so before the module's
-# stack below starts (pytest runs a module's tests in order), which takes the same addresses.
 def start_demo(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
-    """The demo, its temporary directory under tmp_path; killed if still running after two minutes."""
+    """`python -m demo` as users run it, its temporary directory under tmp_path; killed if still
+    running after two minutes. Free ports, and no address outside its own namespaces: it runs beside
+    anything, another demo included."""
     skip_unless_the_demo_can_run()
-    for port in astuple(Ports()):
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                pytest.skip(f"port {port} is taken: is a demo running?")
     proc = subprocess.Popen([sys.executable, "-m", "demo", *args], cwd=ROOT, text=True,
                             env={**os.environ, "TMPDIR": str(tmp_path)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -95,6 +89,24 @@ def test_without_expected_alerts_the_demo_runs_its_duration_and_removes_its_dire
     assert out.splitlines()[-1] == "demo: stopped after 4 s; no alert expected", out
     assert time.monotonic() - started >= 4
     assert workdir_of(out).parent == tmp_path and list(tmp_path.iterdir()) == [], out
+
+
+def test_two_demos_side_by_side_both_succeed(tmp_path: Path) -> None:
+    """Each its own free ports, namespaces and Slurm cluster; no address on the host (the node
+    namespaces have no link to it), so none is taken twice."""
+    before = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    demos = [start_demo(tmp_path / d, "--scenario", "healthy", "--duration", "10") for d in ("a", "b")]
+    time.sleep(5)
+    during = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
+    outs = [demo.communicate(timeout=150)[0] for demo in demos]
+    for demo, out in zip(demos, outs, strict=True):
+        assert demo.returncode == 0, out
+        assert re.fullmatch(r"demo: stopped after 1[0-9] s; no alert expected", out.splitlines()[-1]), out
+    assert during == before  # nothing of either demo's on the host's interfaces
+    urls = [re.search(r"Prometheus (\S+)", out).group(1) for out in outs]
+    assert urls[0] != urls[1]
 
 
 def test_sigterm_stops_the_demo_and_removes_its_directory(tmp_path: Path) -> None:
@@ -127,8 +139,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     skip_unless_the_demo_can_run()
     workdir: Path = tmp_path_factory.mktemp("demo")
     nodes = [scenarios.load(name, workdir) for name in NODES]
-    ports = Ports(prometheus=free_port(), alertmanager=free_port(), webhook=free_port())
-    with Stack(nodes, workdir, ports) as running:
+    with Stack(nodes, workdir) as running:
         ending = watch(running)  # as `python -m demo` waits: at most the scenarios' duration
         yield Run(running, ending, time.time())
 
