@@ -8,7 +8,8 @@ On both, vmalert's replay mode steps through the range at each group's interval,
 backend's own query engine (PromQL in Prometheus, MetricsQL in VictoriaMetrics) for every
 rule, honours `for:`, and writes recording rules and ALERTS back through remote write, so
 later rules read earlier ones. The rules are the pack's target for the backend (vmalert 1.79
-rejects keep_firing_for, which is therefore not measured).
+rejects keep_firing_for, which is therefore not measured). Each rule's replay is checked against
+its range (fleet/replay_check.py) and replayed again where it lost evaluations.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +33,14 @@ import yaml
 
 from exporter.nvmlsim.scenario import seconds
 from exporter.rulepack import load_spec, render
-from fleet import remote_write
+from fleet import remote_write, replay_check
 from fleet.simulate import Fleet
 
 BACKENDS = ("prometheus", "victoriametrics")
 PARALLEL_REPLAYS = 2  # one per CPU of the machines it runs on
 WRITE_SLICE = 1800.0  # seconds of every series per remote-write pass (the head's window is an hour)
 PARALLEL_WRITES = 2
+REPLAY_RETRIES = 2  # replays of a rule's lost evaluations before the run fails (fleet/replay_check.py)
 TOOLS = {"prometheus": ("prometheus", "promtool"), "victoriametrics": ("victoria-metrics",), "vmalert": ("vmalert",)}
 
 
@@ -126,6 +129,7 @@ class Run:
     seconds_load: float
     seconds_replay: float
     samples: int
+    retried: list[str] = field(default_factory=list)  # replays of lost evaluations (fleet/replay_check.py)
 
 
 def run(backend: str, fleet: Fleet, workdir: Path, port: int | None = None, spec_path: Path | None = None) -> Run:
@@ -184,11 +188,14 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int | None = None, spec
         # not read each other replay side by side, one per CPU.
         singles = list(_one_rule_files(rule_files))
         log: dict[int, list[str]] = {}
+        retried: list[str] = []
 
-        def replay(n: int) -> None:
-            path = rules / f"rule-{n:03d}.yml"
-            path.write_text(yaml.safe_dump(singles[n], sort_keys=False))
-            for begin, until in _spans(singles[n], fleet.timestamps[0], end):
+        def flush() -> None:
+            if backend == "victoriametrics":
+                requests.get(f"{url}/internal/force_flush", timeout=60).raise_for_status()
+
+        def vmalert(n: int, path: Path, spans: list[tuple[float, float]]) -> None:
+            for begin, until in spans:
                 done = subprocess.run(
                     ["vmalert", f"-rule={path}", f"-datasource.url={url}", f"-remoteWrite.url={write_url}",
                      f"-replay.timeFrom={_rfc3339(begin)}", f"-replay.timeTo={_rfc3339(until)}",
@@ -202,13 +209,38 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int | None = None, spec
                 log.setdefault(n, []).append(f"--- {path.name} {_rfc3339(begin)}\n{done.stderr}")
                 if done.returncode != 0 or "dropping" in done.stderr:  # a lost write would score as silence
                     raise RuntimeError(f"vmalert replay of {path} failed: {done.stderr[-2000:]}")
-                if backend == "victoriametrics":
-                    requests.get(f"{url}/internal/force_flush", timeout=60).raise_for_status()
+                flush()
 
-        _in_order(_inputs(singles), replay, PARALLEL_REPLAYS)
-        (workdir / "vmalert-replay.log").write_text("".join(line for n in sorted(log) for line in log[n]))
+        def replay(n: int) -> None:
+            path = rules / f"rule-{n:03d}.yml"
+            path.write_text(yaml.safe_dump(singles[n], sort_keys=False))
+            vmalert(n, path, _spans(singles[n], fleet.timestamps[0], end))
+            # What the range asked for, written? (A range query that came back empty wrote nothing
+            # and logged nothing: VictoriaMetrics once lost the first 83 hours of a recording.)
+            group = singles[n]["groups"][0]
+            rule, step = group["rules"][0], seconds(group["interval"], "interval")
+            name = f"{rule.get('record') or rule['alert']} ({path.name})"
+
+            def again(gaps: list[replay_check.Gap]) -> None:
+                vmalert(n, path, [span for gap in gaps for span in _gap_spans(singles[n], gap)])
+
+            def report(line: str) -> None:
+                retried.append(line)
+                log.setdefault(n, []).append(f"--- {path.name} check\n{line}\n")
+                print(f"{backend}: {line}", file=sys.stderr, flush=True)
+
+            def read() -> replay_check.Written:
+                return replay_check.read_written(url, replay_check.selector(rule), fleet.timestamps[0], end, step)
+
+            replay_check.ensure(name, read, lambda t: replay_check.results(url, rule["expr"], t, step), again,
+                                REPLAY_RETRIES, report)
+
+        try:
+            _in_order(_inputs(singles), replay, PARALLEL_REPLAYS)
+        finally:  # also when a replay failed: its log shows what vmalert said
+            (workdir / "vmalert-replay.log").write_text("".join(line for n in sorted(log) for line in log[n]))
         firing = _alerts(url, fleet.timestamps[0], end, _alert_timing(rule_files))
-    return Run(backend, firing, loaded - began, time.monotonic() - loaded, samples)
+    return Run(backend, firing, loaded - began, time.monotonic() - loaded, samples, retried)
 
 
 def _replayable(rule_file: dict[str, Any]) -> dict[str, Any]:
@@ -288,6 +320,16 @@ def _spans(rule_file: dict[str, Any], start: float, end: float) -> list[tuple[fl
     step = seconds(group["interval"], "interval")
     first = start - start % step + (step if start % step else 0)  # vmalert aligns evaluations to the interval
     return [(t, t + step) for t in np.arange(first, end, step)]
+
+
+def _gap_spans(rule_file: dict[str, Any], gap: replay_check.Gap) -> list[tuple[float, float]]:
+    """The replay spans that write a gap's evaluations again and no other (a range query includes
+    both ends, so a span ends a second after its last evaluation): the gap in one span, or one
+    span per evaluation for a rule that reads its own past (as _spans)."""
+    rule = rule_file["groups"][0]["rules"][0]
+    if "record" in rule and rule["record"] in rule["expr"]:
+        return [(float(t), float(t) + 1) for t in gap.times()]
+    return [(gap.first, gap.last + 1)]
 
 
 def _rfc3339(ts: float) -> str:
