@@ -26,7 +26,7 @@ import yaml
 from remediate.cli import build_parser
 from remediate.policy import DEFAULT_STATE
 from tests.test_systemd import UNIT as EXPORTER_UNIT
-from tests.test_systemd import exposure_level, verify_unit
+from tests.test_systemd import check_security_score, verify_unit
 
 ROOT = Path(__file__).parent.parent
 UNIT = ROOT / "systemd" / "gpunode-remediate.service"
@@ -68,18 +68,7 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
 
 
 def test_security_exposure_is_documented_and_bounded() -> None:
-    """`systemd-analyze security --offline=true`: at most EXPOSURE_BOUND, and systemd/README.md shows the
-    tool's score and the tool's own list of what still counts."""
-    out = subprocess.run([_tool("systemd-analyze"), "security", "--offline=true", str(UNIT)],
-                         capture_output=True, text=True, timeout=30)
-    score = exposure_level(out.stdout + out.stderr)
-    assert float(score) <= EXPOSURE_BOUND, f"exposure {score}, above {EXPOSURE_BOUND}: what was loosened?"
-    section = _readme_section("### Security score")
-    assert f"exposure level of **{score}**" in section, f"systemd/README.md: the score is now {score}"
-    measured = dict(re.findall(r"^✗ (\S+)\s.*?(\d\.\d)\s*$", out.stdout, re.M))
-    documented = {name.replace("\\|", "|"): weight
-                  for name, weight in re.findall(r"^\| `([^`]+)` \| (\d\.\d) \|", section, re.M)}
-    assert documented == measured, "systemd/README.md: the table of remaining items differs from the tool's"
+    check_security_score(UNIT, EXPOSURE_BOUND, _readme_section("### Security score"), "systemd/README.md")
 
 
 def test_runs_as_its_own_user_with_no_capability() -> None:
