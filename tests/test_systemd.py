@@ -136,22 +136,31 @@ def test_documented_capabilities_are_the_units() -> None:
     assert _unit_capabilities() == documented.group(1).split()
 
 
-def test_sysusers_and_tmpfiles_apply(tmp_path: Path) -> None:
+def apply_sysusers_and_tmpfiles(unit: Path, sysusers_file: Path, tmpfiles_file: Path, root: Path) -> int:
+    """A unit's sysusers and tmpfiles files applied to a scratch root: its user exists (no home of its
+    own) with its group, and its state directory has the unit's mode. The user's uid."""
     sysusers, tmpfiles = _tool("systemd-sysusers"), _tool("systemd-tmpfiles")
     if os.geteuid() != 0:
         pytest.skip("the state directory is chowned to the new user: needs root")
-    for kind, source in (("sysusers.d", SYSUSERS), ("tmpfiles.d", TMPFILES)):
-        (tmp_path / "etc" / kind).mkdir(parents=True)
-        shutil.copy(source, tmp_path / "etc" / kind / "gpunode-exporter.conf")
-    subprocess.run([sysusers, f"--root={tmp_path}"], check=True, capture_output=True, timeout=30)
-    user = _setting("User")
-    assert user == _setting("Group")
-    passwd = (tmp_path / "etc" / "passwd").read_text()
-    assert re.search(rf"^{user}:x:\d+:\d+:.*:/:/usr/sbin/nologin$", passwd, re.M), passwd  # no home of its own
-    assert re.search(rf"^{user}:x:\d+:", (tmp_path / "etc" / "group").read_text(), re.M)
-    subprocess.run([tmpfiles, f"--root={tmp_path}", "--create"], check=True, capture_output=True, timeout=30)
-    state = tmp_path / "var" / "lib" / _setting("StateDirectory")
-    assert state.is_dir() and state.stat().st_mode & 0o777 == int(_setting("StateDirectoryMode"), 8)
+    for kind, source in (("sysusers.d", sysusers_file), ("tmpfiles.d", tmpfiles_file)):
+        (root / "etc" / kind).mkdir(parents=True)
+        shutil.copy(source, root / "etc" / kind / f"{unit.stem}.conf")
+    subprocess.run([sysusers, f"--root={root}"], check=True, capture_output=True, timeout=30)
+    user = _setting("User", unit)
+    passwd = (root / "etc" / "passwd").read_text()
+    entry = re.search(rf"^{user}:x:(\d+):\d+:.*:/:/usr/sbin/nologin$", passwd, re.M)
+    assert entry, passwd  # no home of its own
+    assert re.search(rf"^{user}:x:\d+:", (root / "etc" / "group").read_text(), re.M)
+    subprocess.run([tmpfiles, f"--root={root}", "--create"], check=True, capture_output=True, timeout=30)
+    state = root / "var" / "lib" / _setting("StateDirectory", unit)
+    assert state.is_dir() and state.stat().st_mode & 0o777 == int(_setting("StateDirectoryMode", unit), 8)
+    assert state.stat().st_uid == int(entry.group(1))
+    return int(entry.group(1))
+
+
+def test_sysusers_and_tmpfiles_apply(tmp_path: Path) -> None:
+    assert _setting("User") == _setting("Group")
+    apply_sysusers_and_tmpfiles(UNIT, SYSUSERS, TMPFILES, tmp_path)
 
 
 # --- the scrape config -----------------------------------------------------------------------

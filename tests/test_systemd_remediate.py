@@ -12,11 +12,9 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
-import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -26,7 +24,7 @@ import yaml
 from remediate.cli import build_parser
 from remediate.policy import DEFAULT_STATE
 from tests.test_systemd import UNIT as EXPORTER_UNIT
-from tests.test_systemd import check_security_score, verify_unit
+from tests.test_systemd import apply_sysusers_and_tmpfiles, check_security_score, verify_unit
 
 ROOT = Path(__file__).parent.parent
 UNIT = ROOT / "systemd" / "gpunode-remediate.service"
@@ -124,22 +122,8 @@ def test_exec_start_is_the_exporters_install_and_a_valid_command_line() -> None:
 
 
 def test_sysusers_and_tmpfiles_apply(tmp_path: Path) -> None:
-    sysusers, tmpfiles = _tool("systemd-sysusers"), _tool("systemd-tmpfiles")
-    if os.geteuid() != 0:
-        pytest.skip("the state directory is chowned to the new user: needs root")
-    for kind, source in (("sysusers.d", SYSUSERS), ("tmpfiles.d", TMPFILES)):
-        (tmp_path / "etc" / kind).mkdir(parents=True)
-        shutil.copy(source, tmp_path / "etc" / kind / "gpunode-remediate.conf")
-    subprocess.run([sysusers, f"--root={tmp_path}"], check=True, capture_output=True, timeout=30)
-    user = _setting("User")
-    passwd = (tmp_path / "etc" / "passwd").read_text()
-    entry = re.search(rf"^{user}:x:(\d+):(\d+):.*:/:/usr/sbin/nologin$", passwd, re.M)
-    assert entry and int(entry.group(1)) != 0, passwd  # a system user, no home of its own, not root
-    assert re.search(rf"^{user}:x:\d+:", (tmp_path / "etc" / "group").read_text(), re.M)
-    subprocess.run([tmpfiles, f"--root={tmp_path}", "--create"], check=True, capture_output=True, timeout=30)
-    state = tmp_path / "var" / "lib" / _setting("StateDirectory")
-    assert state.is_dir() and state.stat().st_mode & 0o777 == int(_setting("StateDirectoryMode"), 8)
-    assert state.stat().st_uid == int(entry.group(1))
+    uid = apply_sysusers_and_tmpfiles(UNIT, SYSUSERS, TMPFILES, tmp_path)
+    assert uid != 0  # a system user, not root
     assert (tmp_path / "etc" / _setting("ConfigurationDirectory")).is_dir()
 
 
