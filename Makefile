@@ -1,5 +1,6 @@
 # The commands a fresh machine needs: `make demo` (the whole stack on a simulated node),
-# `make run` (the exporter on a real node) and `make test`.
+# `make run` (the exporter on a real node) and `make test`. Each target installs what it needs
+# (scripts/install-deps.sh) and no more: tests/test_fresh_install.py runs run's and demo's that way.
 ARGS ?=
 PY := .venv/bin/python
 
@@ -18,6 +19,7 @@ test:
 	$(PY) -m pytest
 
 lint:
+	scripts/install-deps.sh --test
 	.venv/bin/ruff check exporter remediate tests benchmarks scripts demo fleet
 
 bench:  # GPU collector vs naive pynvml (~40 s), NFS vs node_exporter, GPU processes vs process-exporter, bursts of scrapes vs node_exporter (root, ~3.5 min), the reference node: series and a full scrape (~1 min), the remediation service on a real slurmctld (root, ~5 s)
@@ -38,16 +40,20 @@ bench-rules:  # rule evaluation at 1,000 nodes (the single-server pack), then th
 	$(PY) benchmarks/rules_eval.py --tier fleet --nodes 10000 --output benchmarks/results/rules_eval_fleet.json
 
 golden:  # regenerate tests/golden/ after an intended change; review the diff
+	scripts/install-deps.sh --test
 	GOLDEN_UPDATE=1 $(PY) -m pytest tests/test_golden.py
 
 readme:  # regenerate the flag and metric tables in README.md
+	scripts/install-deps.sh
 	$(PY) -m exporter.docs README.md
 
 rules:  # regenerate rules/prometheus and rules/vmalert from the spec and templates
+	scripts/install-deps.sh
 	.venv/bin/gpunode-exporter rules render --target prometheus --out rules/prometheus
 	.venv/bin/gpunode-exporter rules render --target vmalert --out rules/vmalert
 
-dashboards:  # regenerate dashboards/ from the code in exporter/dashboards and the rule pack's spec
+dashboards:  # regenerate dashboards/ from the code in exporter/dashboards and the rule pack's spec (Grafana's SDK: the [test] install has it)
+	scripts/install-deps.sh --test
 	.venv/bin/gpunode-exporter dashboards render --out dashboards
 	$(PY) -m exporter.dashboards.doc docs/dashboards.md
 

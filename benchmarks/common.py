@@ -22,7 +22,7 @@ from typing import Any
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for fleet/
-from fleet.harness import free_port  # noqa: F401  (one copy of it: the benchmarks take it from here)
+from exporter.http import free_port  # noqa: F401  (one copy of it: the benchmarks take it from here)
 from remediate.command import die_with_parent  # noqa: F401  (likewise)
 
 

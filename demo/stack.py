@@ -25,8 +25,8 @@ from demo.node import SimulatedNode
 from demo.scenario import Scenario
 from demo.slurm import SlurmCluster
 from demo.webhook import Received, Receiver
+from exporter.http import free_port
 from exporter.rulepack import load_spec, render
-from fleet.harness import free_port
 
 REPO = Path(__file__).parent.parent
 DEMO_SPEC = Path(__file__).parent / "spec.yaml"

@@ -35,6 +35,14 @@ def parse_listen_address(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def free_port() -> int:
+    """A loopback port free now, for the servers the demo, the fleet harness, the benchmarks and the
+    tests start: the server binds it a moment later, so the caller checks it got it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _somaxconn() -> int:
     """The kernel's cap on a listen backlog: Go servers ask for it, and so do we (socketserver's
     default of 5 drops SYNs from a burst of scrapes)."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ import numpy as np
 import requests
 import yaml
 
+from exporter.http import free_port  # the server binds it a moment later: _ours tells if another did
 from exporter.nvmlsim.scenario import seconds
 from exporter.rulepack import load_spec, render
 from fleet import remote_write, replay_check
@@ -54,13 +54,6 @@ class Firing:
 
 def missing_tools() -> list[str]:
     return [tool for tools in TOOLS.values() for tool in tools if shutil.which(tool) is None]
-
-
-def free_port() -> int:
-    """A loopback port free now (the server binds it a moment later: _ours tells if another did)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _remote_write(fleet: Fleet, url: str) -> int:

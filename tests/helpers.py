@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,9 @@ from exporter import nvmlsim
 from exporter.collector.base import Collector, Context, Family
 from exporter.config import Config, NFSConfig
 from exporter.exposition import Renderer
+from exporter.http import free_port  # noqa: F401  (tests take it from here; one copy of it)
 from exporter.nvmlsim.library import FUNCTIONS, SimulatedNVML
 from exporter.nvmlsim.scenario import build
-from fleet.harness import free_port  # noqa: F401  (tests take it from here; one copy of it)
 
 Series = dict[str, dict[tuple, float]]
 
@@ -56,6 +57,39 @@ def copy_tracked_files(dest: Path) -> Path:
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, dest / name, follow_symlinks=False)
     return dest
+
+
+@dataclass(frozen=True)
+class Install:
+    tree: Path  # a clean copy of the checkout
+    venv: Path  # its virtualenv, holding what one make target installs and nothing more
+
+    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """A command of the virtualenv's bin/ (python, gpunode-exporter, ...), run in the copy."""
+        return subprocess.run([str(self.venv / "bin" / args[0]), *args[1:]], cwd=self.tree, capture_output=True,
+                              text=True, timeout=timeout, env=outside_any_venv())
+
+
+def outside_any_venv() -> dict[str, str]:
+    """This environment as a new shell has it: no virtualenv active, nothing on the import path."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if Path(sys.prefix) not in Path(p).parents)
+    return env
+
+
+def fresh_install(dest: Path, target: str) -> Install:
+    """A clean copy of the checkout in dest, and the install step of `make TARGET` run in it as the
+    Makefile says (`make -n`): a newcomer's fresh clone, with nothing more than that target installs."""
+    tree = copy_tracked_files(dest / "checkout")
+    recipe = subprocess.run(["make", "-n", target], cwd=tree, capture_output=True, text=True, check=True).stdout
+    steps = [line for line in recipe.splitlines() if line.startswith("scripts/install-deps.sh")]
+    assert steps, f"make {target} installs nothing with scripts/install-deps.sh:\n{recipe}"
+    for step in steps:
+        done = subprocess.run(["bash", "-c", step], cwd=tree, capture_output=True, text=True, timeout=900,
+                              env=outside_any_venv())
+        assert done.returncode == 0, f"{step}: exit {done.returncode}\n{done.stderr[-3000:]}"
+    return Install(tree, tree / ".venv")
 
 
 def skip_without_kmsg() -> None:

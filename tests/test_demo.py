@@ -9,11 +9,9 @@ must stay silent. However `python -m demo` ends, its temporary directory goes wi
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -29,6 +27,7 @@ from demo.stack import DEMO_SPEC, Stack, missing_tools
 from exporter import dashboards
 from exporter.dashboards.board import DCGM, JOB_PAST, NFS_MOUNT, PFC, expand
 from exporter.rulepack import load_spec
+from tests.helpers import Install, outside_any_venv
 from tests.netns import netns_unavailable
 
 # The faulty scenario's faults begin by 100 s; its alerts need their `for` and
@@ -63,13 +62,13 @@ def test_a_demo_that_cannot_start_leaves_no_directory(tmp_path: Path, monkeypatc
     assert [p.name[:13] for p in tmp_path.iterdir()] == ["gpunode-demo-"]
 
 
-def start_demo(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
-    """`python -m demo` as users run it, its temporary directory under tmp_path; killed if still
-    running after two minutes. Free ports, and no address outside its own namespaces: it runs beside
-    anything, another demo included."""
+def start_demo(tmp_path: Path, install: Install, *args: str) -> subprocess.Popen[str]:
+    """`python -m demo` as users run it, from a fresh clone with what `make demo` installs alone,
+    its temporary directory under tmp_path; killed if still running after two minutes. Free ports,
+    and no address outside its own namespaces: it runs beside anything, another demo included."""
     skip_unless_the_demo_can_run()
-    proc = subprocess.Popen([sys.executable, "-m", "demo", *args], cwd=ROOT, text=True,
-                            env={**os.environ, "TMPDIR": str(tmp_path)},
+    proc = subprocess.Popen([str(install.venv / "bin" / "python"), "-m", "demo", *args], cwd=install.tree, text=True,
+                            env={**outside_any_venv(), "TMPDIR": str(tmp_path)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     watchdog = threading.Timer(120, proc.kill)
     watchdog.daemon = True
@@ -83,21 +82,22 @@ def workdir_of(output: str) -> Path:
     return Path(found.group(1))
 
 
-def test_without_expected_alerts_the_demo_runs_its_duration_and_removes_its_directory(tmp_path: Path) -> None:
+def test_without_expected_alerts_the_demo_runs_its_duration_and_removes_its_directory(
+        tmp_path: Path, demo_install: Install) -> None:
     started = time.monotonic()
-    out, _ = start_demo(tmp_path, "--scenario", "healthy", "--duration", "4").communicate(timeout=150)
+    out, _ = start_demo(tmp_path, demo_install, "--scenario", "healthy", "--duration", "4").communicate(timeout=150)
     assert out.splitlines()[-1] == "demo: stopped after 4 s; no alert expected", out
     assert time.monotonic() - started >= 4
     assert workdir_of(out).parent == tmp_path and list(tmp_path.iterdir()) == [], out
 
 
-def test_two_demos_side_by_side_both_succeed(tmp_path: Path) -> None:
+def test_two_demos_side_by_side_both_succeed(tmp_path: Path, demo_install: Install) -> None:
     """Each its own free ports, namespaces and Slurm cluster; no address on the host (the node
     namespaces have no link to it), so none is taken twice."""
     before = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    demos = [start_demo(tmp_path / d, "--scenario", "healthy", "--duration", "10") for d in ("a", "b")]
+    demos = [start_demo(tmp_path / d, demo_install, "--scenario", "healthy", "--duration", "10") for d in ("a", "b")]
     time.sleep(5)
     during = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
     outs = [demo.communicate(timeout=150)[0] for demo in demos]
@@ -109,8 +109,8 @@ def test_two_demos_side_by_side_both_succeed(tmp_path: Path) -> None:
     assert urls[0] != urls[1]
 
 
-def test_sigterm_stops_the_demo_and_removes_its_directory(tmp_path: Path) -> None:
-    demo = start_demo(tmp_path, "--scenario", "healthy", "--duration", "0")
+def test_sigterm_stops_the_demo_and_removes_its_directory(tmp_path: Path, demo_install: Install) -> None:
+    demo = start_demo(tmp_path, demo_install, "--scenario", "healthy", "--duration", "0")
     assert demo.stdout is not None
     lines = []
     for line in demo.stdout:  # up to "Ctrl-C stops": the stack is up
