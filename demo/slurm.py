@@ -6,6 +6,8 @@ and /etc/slurm stay untouched. Debian's Slurm is built with MULTIPLE_SLURMD, so 
 `scontrol_path` is the system scontrol run with `env` (SLURM_CONF=<base>/slurm.conf). RebootProgram logs
 the node to reboots.log and, detached by setsid, restarts its slurmd with `-b` (report a reboot); with
 ReturnToService=1 (or 0) `scontrol reboot nextstate=DOWN` leaves the node DOWN until `state=resume`.
+`return_to_service` and `stuck_reboots` (nodes whose reboot stops slurmd and never starts it again, for
+ResumeTimeout to catch) set up the cases tests/test_slurm_reboot_behaviour.py observes.
 On exit, the processes with GPUNODE_SLURM_CLUSTER=<base> in their environment, jobs and descendants die.
 """
 
@@ -69,12 +71,15 @@ class SlurmCluster:
     """`with SlurmCluster(tmp_path) as cluster:` a running cluster whose nodes are all IDLE."""
 
     def __init__(self, base: Path, nodes: Sequence[str] = DEFAULT_NODES, partition: str = "gpu",
-                 reboot_seconds: float = 1.0, start_timeout: float = 30.0) -> None:
+                 reboot_seconds: float = 1.0, start_timeout: float = 30.0, return_to_service: int = 1,
+                 stuck_reboots: Sequence[str] = ()) -> None:
         self.base = Path(base).resolve()
         self.nodes = list(nodes)
         self.partition = partition
         self.reboot_seconds = reboot_seconds  # how long a simulated reboot keeps the node's slurmd away
         self.start_timeout = start_timeout
+        self.return_to_service = return_to_service
+        self.stuck_reboots = set(stuck_reboots)  # their RebootProgram never starts slurmd again
         self.conf = self.base / "slurm.conf"
         self.logs = self.base / "log"
         self.reboot_log = self.base / "reboots.log"
@@ -238,7 +243,7 @@ SelectType=select/cons_tres
 SchedulerParameters=batch_sched_delay=0  # start a batch job when submitted, not up to 3 s later
 MailProg=/bin/true
 SlurmdParameters=config_overrides  # nodes are declared, not measured: all run on this one host
-ReturnToService=1
+ReturnToService={self.return_to_service}
 RebootProgram={b}/reboot
 ResumeTimeout=20
 SlurmdTimeout=10
@@ -248,8 +253,10 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
     def _write_reboot_program(self) -> None:
         """slurmd runs it (by system()) with its own environment, where $GPUNODE_SLURM_NODE names the node.
-        Its detached half (`restart NODE`) stops that slurmd, waits and starts it with -b: a fresh boot."""
+        Its detached half (`restart NODE`) stops that slurmd, waits and starts it with -b: a fresh boot;
+        for a node in stuck_reboots it only stops it: a reboot that hangs, for ResumeTimeout to catch."""
         q = shlex.quote
+        stuck = " ".join(sorted(self.stuck_reboots))
         script = self.base / "reboot"
         script.write_text(f"""#!/bin/sh
 if [ "$1" != restart ]; then
@@ -261,6 +268,7 @@ pid=$(cat {q(str(self.base))}/slurmd-"$2".pid)
 kill "$pid"
 # Gone, or a zombie its parent has yet to reap: either way its port is free.
 while [ -e /proc/"$pid" ] && ! grep -qs '^State:.*zombie' /proc/"$pid"/status; do sleep 0.1; done
+case " {stuck} " in *" $2 "*) exit 0;; esac  # a stuck reboot: the node never comes back
 sleep {self.reboot_seconds}
 exec {q(_tool("slurmd"))} -D -b -N "$2" >> {q(str(self.logs))}/slurmd-"$2".out 2>&1
 """)

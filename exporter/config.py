@@ -190,11 +190,21 @@ def load_yaml(path: Path, build: Callable[[Any], T]) -> T:
     except OSError as err:
         raise ConfigError(f"cannot read {path}: {err.strerror}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: invalid YAML: {str(err).splitlines()[0]}") from None
+        raise ConfigError(f"{path}: invalid YAML: {_yaml_error(err)}") from None
     try:
         return build(data or {})
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
+
+
+def _yaml_error(err: Exception) -> str:
+    """PyYAML's error on one line: where (line:column, 1-based) and what it found there."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None)
+    if mark is None or problem is None:
+        return str(err).splitlines()[0]
+    context = getattr(err, "context", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
 
 
 def load(path: Path | None) -> Config:

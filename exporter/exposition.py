@@ -75,6 +75,12 @@ class Renderer:
             name = spec.name
             out = [f"# HELP {name} {_escape_help(spec.help)}\n# TYPE {name} {spec.kind}\n"]
             append = out.append
+            if spec.kind == "histogram":  # rows begin with the sample's suffix; a bucket's end with le
+                for (suffix, *values), value in family.rows:
+                    names = (*spec.labels, "le") if suffix == "_bucket" else spec.labels
+                    append(f"{name}{suffix}{self._labels(names, tuple(values))} {format_value(value)}\n")
+                yield "".join(out).encode()
+                continue
             cache = self._label_sets.get(spec.labels, {})
             for values, value in family.rows:
                 labels = cache.get(values) or self._labels(spec.labels, values)

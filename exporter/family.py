@@ -14,7 +14,7 @@ class MetricSpec:
     hash of its fields, help text and all, cost more than the rows added (~180 lookups a scrape)."""
 
     name: str
-    kind: Literal["counter", "gauge"]
+    kind: Literal["counter", "gauge", "histogram"]
     help: str
     labels: tuple[str, ...] = ()
 
@@ -34,3 +34,13 @@ class Family:
     def add(self, label_values: tuple[str, ...], value: float) -> None:
         """label_values in the order of spec.labels (checked when first rendered)."""
         self.rows.append((label_values, value))
+
+    def add_histogram(self, label_values: tuple[str, ...], bounds: tuple[float, ...],
+                      observations: list[float]) -> None:
+        """A histogram's samples from its observations: a row per bucket (le last), _sum and _count.
+        The rows' first value names the sample's suffix."""
+        for bound in (*bounds, float("inf")):
+            le = "+Inf" if bound == float("inf") else repr(float(bound))
+            self.rows.append((("_bucket", *label_values, le), sum(1 for o in observations if o <= bound)))
+        self.rows.append((("_sum", *label_values), float(sum(observations))))
+        self.rows.append((("_count", *label_values), len(observations)))

@@ -37,7 +37,7 @@ from fleet.simulate import Truth
 from remediate.alerts import Alert, Notification
 from remediate.engine import Engine
 from remediate.plan import NodeView, Step
-from remediate.policy import Budget, Policy
+from remediate.policy import Policy
 from remediate.state import State
 
 ALERTMANAGER = Path(__file__).resolve().parent.parent / "alertmanager" / "alertmanager.yml"
@@ -460,8 +460,8 @@ def storm_runs(firing: list[Firing], truth: Sequence[Truth], nodes: list[str], s
     bad = storm(nodes, at)
     out = []
     for label, p in (("with the breaker", policy),
-                     ("without (budget fraction 1.0)", replace(policy, budget=Budget(1.0, policy.budget.minimum,
-                                                                                       policy.budget.window)))):
+                     ("without (budget fraction and in_care 1.0)",
+                      replace(policy, budget=replace(policy.budget, fraction=1.0, maximum=None, in_care=1.0)))):
         alone = replay(bad, nodes, p, start, end, step)
         out.append(StormResult(f"storm alone, {label}", 0.3, len(bad), alone.budget, len(alone.taken()),
                                len(alone.blocked() - alone.taken()), alone.breaker is not None, alone.out_hours()))

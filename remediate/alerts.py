@@ -44,11 +44,24 @@ class Notification:
     alerts: tuple[Alert, ...]
 
 
+def got(value: object) -> str:
+    """What a JSON value was, for an error: `got 4 (a number)`, `got null`, `got a list`."""
+    if value is None:
+        return "got null (or nothing)"
+    if isinstance(value, bool):
+        return f"got {str(value).lower()} (a boolean)"
+    if isinstance(value, int | float):
+        return f"got {str(value)[:20]} (a number)"
+    if isinstance(value, str):
+        return f"got {json.dumps(value[:40])} (a string)"
+    return "got a list" if isinstance(value, list) else "got an object"
+
+
 def parse_time(value: object, where: str) -> float | None:
     """RFC 3339 to Unix seconds; Go's zero time (year 1) to None."""
     match = _TIME.fullmatch(value) if isinstance(value, str) else None
     if match is None:
-        raise PayloadError(f"{where}: want an RFC 3339 time, got {str(value)[:40]!r}")
+        raise PayloadError(f"{where}: want an RFC 3339 time, {got(value)}")
     year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
     if year <= 1:
         return None
@@ -63,24 +76,32 @@ def parse_time(value: object, where: str) -> float | None:
 
 def _labels(value: object, where: str) -> dict[str, str]:
     if not isinstance(value, dict):
-        raise PayloadError(f"{where}: want an object of strings")
+        raise PayloadError(f"{where}: want an object of strings, {got(value)}")
     for name, text in value.items():
         if not _LABEL_NAME.fullmatch(name) or len(name) > MAX_LABEL:
             raise PayloadError(f"{where}: {name[:40]!r} is no label name")
-        if not isinstance(text, str) or len(text) > MAX_LABEL:
-            raise PayloadError(f"{where}.{name}: want a string of at most {MAX_LABEL} characters")
+        if not isinstance(text, str):
+            raise PayloadError(f"{where}.{name}: want a string, {got(text)}")
+        if len(text) > MAX_LABEL:
+            raise PayloadError(f"{where}.{name}: want at most {MAX_LABEL} characters, got {len(text)}")
     return value
 
 
 def _alert(item: object, where: str) -> Alert:
     if not isinstance(item, dict):
-        raise PayloadError(f"{where}: want an object")
+        raise PayloadError(f"{where}: want an object, {got(item)}")
     status = item.get("status")
     if status not in ("firing", "resolved"):
-        raise PayloadError(f"{where}.status: want firing or resolved, got {str(status)[:20]!r}")
+        raise PayloadError(f"{where}.status: want firing or resolved, {got(status)}")
+    fingerprint, labels, starts, ends = alert_fields(item, where)
+    return Alert(fingerprint, status, labels, starts, ends)
+
+
+def alert_fields(item: dict, where: str) -> tuple[str, dict[str, str], float, float | None]:
+    """Fingerprint, labels, start and end of an alert as Alertmanager writes it (webhook and API v2)."""
     fingerprint = item.get("fingerprint")
     if not isinstance(fingerprint, str) or not _FINGERPRINT.fullmatch(fingerprint):
-        raise PayloadError(f"{where}.fingerprint: want Alertmanager's hex fingerprint")
+        raise PayloadError(f"{where}.fingerprint: want Alertmanager's hex fingerprint, {got(fingerprint)}")
     labels = _labels(item.get("labels"), f"{where}.labels")
     if item.get("annotations") is not None:
         _labels(item["annotations"], f"{where}.annotations")
@@ -88,7 +109,7 @@ def _alert(item: object, where: str) -> Alert:
     if starts is None:
         raise PayloadError(f"{where}.startsAt: an alert must have started")
     ends = parse_time(item.get("endsAt"), f"{where}.endsAt")
-    return Alert(fingerprint, status, labels, starts, ends)
+    return fingerprint, labels, starts, ends
 
 
 def parse(body: bytes) -> Notification:
@@ -99,17 +120,16 @@ def parse(body: bytes) -> Notification:
     except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
         raise PayloadError(f"not JSON: {str(err)[:80]}") from None
     if not isinstance(data, dict):
-        raise PayloadError("want a JSON object (Alertmanager's webhook payload)")
+        raise PayloadError(f"want a JSON object (Alertmanager's webhook payload), {got(data)}")
     if data.get("version") != "4":
-        got = str(data.get("version"))[:20]
-        raise PayloadError(f"version: want \"4\" (Alertmanager's webhook payload), got {got!r}")
+        raise PayloadError(f"version: want \"4\" (Alertmanager's webhook payload), {got(data.get('version'))}")
     status = data.get("status")
     if status not in ("firing", "resolved"):
-        raise PayloadError("status: want firing or resolved")
+        raise PayloadError(f"status: want firing or resolved, {got(status)}")
     receiver = data.get("receiver", "")
     if not isinstance(receiver, str):
-        raise PayloadError("receiver: want a string")
+        raise PayloadError(f"receiver: want a string, {got(receiver)}")
     items = data.get("alerts")
     if not isinstance(items, list):
-        raise PayloadError("alerts: want a list")
+        raise PayloadError(f"alerts: want a list, {got(items)}")
     return Notification(receiver, status, tuple(_alert(item, f"alerts[{n}]") for n, item in enumerate(items)))

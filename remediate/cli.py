@@ -16,6 +16,7 @@ from exporter.config import ConfigError
 from exporter.flags import Parser, listen_address
 from exporter.http import make_server
 from remediate import policy as policies
+from remediate.state import Breaker, State
 
 PROG = "gpunode-remediate"
 DEFAULT_LISTEN = ":19836"
@@ -50,8 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     breaker_sub = breaker.add_subparsers(dest="breaker_command", metavar="COMMAND", required=True,
                                          parser_class=Parser)
     reset = breaker_sub.add_parser("reset", help="close the circuit breaker (a person's decision)",
-                                   description="Close the circuit breaker: new drains may happen again.")
-    reset.add_argument("--config.file", dest="config_file", type=Path, required=True, metavar="FILE",
+                                   description="Close the circuit breaker, or end a pause: new actions may happen "
+                                   "again, and drains before now no longer count against the budget.")
+    opened = breaker_sub.add_parser("open", help="pause: no new action until `breaker reset`",
+                                    description="Open the circuit breaker by hand (a pause, for maintenance or an "
+                                    "incident): no scheduler call at all until `breaker reset`.")
+    opened.add_argument("--reason", required=True, help="why: status and the metrics show it")
+    for p in (reset, opened):
+        p.add_argument("--config.file", dest="config_file", type=Path, required=True, metavar="FILE",
                        help="the policy (YAML)")
     return parser
 
@@ -69,8 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.config_file}: valid ({policy.mode}, scheduler {policy.scheduler.kind}, "
               f"{len(policy.rules)} rules)")
         return 0
-    from remediate.state import State
-
     if args.command == "serve":
         return _serve(args, policy, web, token)
     try:
@@ -81,10 +86,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "status":
         print(status_text(policy, state, time.time()), end="")
         return 0
-    was_open, since, why = state.breaker()
-    state.set_breaker(False, time.time(), "reset by a person")
-    print(f"circuit breaker closed (it was {'open since ' + _when(since) + ': ' + why if was_open else 'closed'})")
+    print(breaker_command(policy, state, args.breaker_command, getattr(args, "reason", ""), time.time()))
     return 0
+
+
+def breaker_command(policy: policies.Policy, state: State, command: str, reason: str, now: float) -> str:
+    """`breaker open` (a person's pause) or `breaker reset`; what it did and what comes next."""
+    old = state.breaker(policy.mode)
+    was = f"{'paused' if old.paused else 'open'} since {_when(old.since)}: {old.why}" if old.open else "closed"
+    tag = "" if policy.enforce else " (dry run's breaker)"
+    if command == "open":
+        state.set_breaker(policy.mode, Breaker(True, True, now, reason.strip()[:200] or "no reason given",
+                                               old.budget_from))
+        return (f"circuit breaker opened by a person{tag} (it was {was}): no drain, reboot, reset, return or "
+                "requeue until `gpunode-remediate breaker reset`")
+    state.set_breaker(policy.mode, Breaker(False, False, now, "reset by a person", now))
+    counted = state.counted()
+    budget = (f"{policy.budget.nodes(counted)} node(s) of the {counted} counted at the last look"
+              if counted is not None else "its budget")
+    return (f"circuit breaker closed{tag} (it was {was}). Drains before now no longer count: the service may drain "
+            f"{budget} in the next {policy.budget.window / 3600:g}h; nodes whose alerts still fire are taken at "
+            "its next look, first alerted first")
 
 
 def _token(path: Path) -> bytes:
@@ -103,27 +125,30 @@ def _when(t: float) -> str:
 
 _NEXT = {
     "drained": "returns when its alerts have been resolved for the quiet period",
-    "reset_wait": "GPU reset once no job runs on it",
+    "reset_wait": "GPU reset once no job runs on it (held after idle_timeout)",
     "reset_done": "returns when resolved for the quiet period and its exporter sees every GPU",
-    "reboot_wait": "the scheduler reboots it once idle",
+    "reboot_wait": "the scheduler reboots it once idle (held after idle_timeout)",
+    "rebooting": "the reboot completes (held after reboot_timeout)",
     "rebooted": "returns when resolved for the quiet period and its exporter sees every GPU",
     "held": "waits for a person: resume it in the scheduler when fixed",
 }
 
 
-def status_text(policy: policies.Policy, state: object, now: float) -> str:
+def status_text(policy: policies.Policy, state: State, now: float) -> str:
     records = state.records()
-    is_open, since, why = state.breaker()
+    breaker = state.breaker(policy.mode)
     history = state.history(policy, now)
-    lines = [f"mode: {policy.mode}",
-             f"circuit breaker: {'OPEN since ' + _when(since) + ': ' + why if is_open else 'closed'}",
-             f"drained in the last {policy.budget.window / 3600:g}h: {history.budget_used} node(s)"]
+    dry = "" if policy.enforce else " (dry run)"
+    opened = f"{'PAUSED by a person' if breaker.paused else 'OPEN'} since {_when(breaker.since)}: {breaker.why}"
+    lines = [f"mode: {policy.mode}" + ("" if policy.enforce else ": nothing below was done to the scheduler"),
+             f"circuit breaker{dry}: {opened if breaker.open else 'closed'}",
+             f"drained in the last {policy.budget.window / 3600:g}h{dry}: {history.budget_used} node(s)"]
     if not records:
         lines.append("no node in the service's care")
     for record in sorted(records.values(), key=lambda r: (r.phase != "held", r.node)):
         gpus = f" gpu {','.join(record.gpus)}" if record.gpus else ""
-        lines.append(f"{record.node}  {record.phase}  since {_when(record.since)}  {record.action}{gpus}: "
-                     f"{record.why}; next: {_NEXT.get(record.phase, '?')}")
+        lines.append(f"{record.node}  {record.phase}{dry}  since {_when(record.since)}  {record.action}{gpus}: "
+                     f"{record.why}; next: {_NEXT[record.phase]}")
     for node, (note, at) in sorted(state.notes().items()):
         if node not in records:
             lines.append(f"{node}  left alone since {_when(at)}: {note}")

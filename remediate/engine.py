@@ -11,15 +11,22 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 
-from remediate import health
-from remediate.alerts import Notification
+from remediate import alertmanager, health
+from remediate.alerts import Alert, Notification
 from remediate.command import CommandError, run
-from remediate.plan import MARKER, NodeView, Record, Step, plan
+from remediate.plan import MARKER, NodeView, Record, Step, counted, plan, span
 from remediate.policy import Policy
 from remediate.scheduler import Scheduler
-from remediate.state import State
+from remediate.state import Breaker, State
 
 log = logging.getLogger("gpunode-remediate")
+
+
+class _DryRun(logging.LoggerAdapter):
+    """Every line a dry run logs says so: nothing it reports was done to the scheduler."""
+
+    def process(self, msg: str, kwargs: dict) -> tuple[str, dict]:
+        return f"dry run: {msg}", kwargs
 _FORGET_AFTER = 35 * 86400.0  # resolved alerts kept this long (longer than any window reading them)
 
 
@@ -45,14 +52,27 @@ class Engine:
         self.last_decision_seconds = 0.0
         self.last_reconcile = 0.0
         self.listed = 0
+        self.counted = 0  # of those, the nodes the budget is a share of
+        self._paused = ""  # why a person opened the breaker: every call waits
+        # Alertmanager's list: None until asked (or without alertmanager.url), then 1 or 0.
+        self.alertmanager_up: int | None = None
+        self.alertmanager_alerts: Counter[str] = Counter()  # taken (never received), stale (resolved), refused
+        self._alertmanager_asked = float("-inf")
+        self._missing: dict[str, float] = {}  # fingerprint -> since when Alertmanager has not listed it
         self._waiting_since: float | None = None  # the oldest notification not yet acted on
+        self.log = log if policy.enforce else _DryRun(log, {})
+        if state.last_mode(policy.mode) == "dry-run" and policy.enforce:
+            dropped = state.forget_nodes()
+            log.warning("the state file was a dry run's: its %d node record(s) are dropped, and the enforced "
+                        "budget and breaker start clean", dropped)
         for action in state.interrupted(clock()):
             self._interrupted(action.node, action.kind)
 
     def _interrupted(self, node: str, kind: str) -> None:
         """A call cut short by a restart. The scheduler shows whether a drain, reboot or resume took
         effect; a reset command's outcome cannot be seen, so the node waits for a person."""
-        log.warning("%s: %s was cut short by a restart; looking at the scheduler before anything else", node, kind)
+        self.log.warning("%s: %s was cut short by a restart; looking at the scheduler before anything else", node,
+                         kind)
         if kind == "reset":
             records = self.state.records()
             old = records.get(node)
@@ -97,20 +117,63 @@ class Engine:
                                       reason=f"{MARKER} {record.action} (dry run)")
         return views
 
+    def ask_alertmanager(self, now: float) -> None:
+        """Every alertmanager.interval: alerts it holds for this service's receiver that never arrived
+        are taken as received; a firing alert it has not listed in any state for stale_after has
+        resolved. While it cannot be reached, nothing is resolved and the absences start again."""
+        config = self.policy.alertmanager
+        if config.url is None or now - self._alertmanager_asked < config.interval:
+            return
+        self._alertmanager_asked = now
+        try:
+            listed, refused = alertmanager.fetch(config.url, min(10.0, config.interval))
+        except alertmanager.UnreachableError as err:
+            if self.alertmanager_up != 0:
+                self.log.error("cannot list Alertmanager's alerts: %s; no alert is taken as resolved meanwhile", err)
+            self.alertmanager_up = 0
+            self._missing.clear()
+            return
+        if self.alertmanager_up == 0:
+            self.log.info("Alertmanager lists its alerts again")
+        self.alertmanager_up = 1
+        self.alertmanager_alerts["refused"] += refused
+        held = {alert.fingerprint: alert for alerts in self.state.firing().values() for alert in alerts}
+        unseen = [item.alert for item in listed if item.state == "active" and config.receiver in item.receivers
+                  and item.alert.fingerprint not in held]
+        if taken := self.state.record_alerts([(a, self.policy.node(a.labels)) for a in unseen], now):
+            self.alertmanager_alerts["taken"] += taken
+            self.log.warning("%d alert(s) Alertmanager holds for %s were never received: taken as received",
+                             taken, config.receiver)
+        seen = {item.alert.fingerprint for item in listed}
+        self._missing = {fp: self._missing.get(fp, now) for fp in held if fp not in seen}
+        stale = [Alert(fp, "resolved", held[fp].labels, held[fp].starts_at, now)
+                 for fp, since in self._missing.items() if now - since >= config.stale_after]
+        if stale and self.state.record_alerts([(a, self.policy.node(a.labels)) for a in stale], now):
+            self.alertmanager_alerts["stale"] += len(stale)
+            for alert in stale:
+                self.log.warning("%s: %s no longer listed by Alertmanager for %s: taken as resolved",
+                                 self.policy.node(alert.labels), alert.name, span(config.stale_after))
+                del self._missing[alert.fingerprint]
+
     def reconcile(self) -> list[Step]:
         with self.lock:
             waiting, self._waiting_since = self._waiting_since, None
         now = self.clock()
+        self.ask_alertmanager(now)
         records = self.state.records()
         try:
             views = self._views(records)
         except CommandError as err:
             self.reconciles["scheduler_error"] += 1
-            log.error("cannot list the scheduler's nodes: %s", err)
+            self.log.error("cannot list the scheduler's nodes: %s", err)
             return []
         self.listed = len(views)
-        steps = plan(now, self.policy, views, self.state.firing(), self.state.last_resolved(), records,
-                     self.state.history(self.policy, now), len(views))
+        if (nodes := counted(self.policy, views)) != self.counted:
+            self.counted = nodes
+            self.state.set_counted(nodes)  # for `breaker reset` to say what the budget is
+        history = self.state.history(self.policy, now)
+        self._paused = history.paused
+        steps = plan(now, self.policy, views, self.state.firing(), self.state.last_resolved(), records, history)
         for step in steps:
             if waiting is not None and step.calls:
                 self._decided(self.clock() - waiting)
@@ -130,32 +193,36 @@ class Engine:
 
     def _apply(self, step: Step, record: Record | None, now: float) -> None:
         if step.kind == "block":
-            if not self.state.breaker()[0]:
-                self.state.set_breaker(True, now, step.why)
-                log.error("circuit breaker opened: %s; no node is drained until a person runs "
-                          "`gpunode-remediate breaker reset`", step.why)
+            breaker = self.state.breaker(self.policy.mode)
+            if not breaker.open:  # a pause is open already: a person's, and stays theirs
+                self.state.set_breaker(self.policy.mode, Breaker(True, False, now, step.why, breaker.budget_from))
+                self.log.error("circuit breaker opened: %s; no node is drained until a person runs "
+                               "`gpunode-remediate breaker reset`", step.why)
             self._note(step.node, f"not drained: {step.why}", now)
             self.actions[("drain", "blocked")] += 1
         elif step.kind == "note":
             if step.phase is not None and record is not None:
                 self.state.set_record(step.node, step.phase, step.action, step.why, now, step.gpus)
-                log.info("%s: %s (now %s)", step.node, step.why, step.phase)
+                self.log.info("%s: %s (now %s)", step.node, step.why, step.phase)
             else:
                 self._note(step.node, step.why, now)
         elif step.kind == "adopt":
             self.state.set_record(step.node, step.phase, step.action, step.why, now, step.gpus)
-            log.warning("%s: %s (%r); taken back as %s", step.node, step.why, step.reason, step.phase)
+            self.log.warning("%s: %s (%r); taken back as %s", step.node, step.why, step.reason, step.phase)
         elif step.kind == "release":
             self.state.set_record(step.node, None, "", "", now, ())
-            log.warning("%s: %s; no longer in this service's care", step.node, step.why)
+            self.log.warning("%s: %s; no longer in this service's care", step.node, step.why)
         else:
             self._call(step, record, now)
 
     def _note(self, node: str, why: str, now: float) -> None:
         if self.state.note(node, why, now):
-            log.warning("%s: %s", node, why)
+            self.log.warning("%s: %s", node, why)
 
     def _call(self, step: Step, record: Record | None, now: float) -> None:
+        if self._paused:
+            self._note(step.node, f"not {step.kind}: paused by a person ({self._paused})", now)
+            return
         retries = self.policy.scheduler.retries
         failed, last = self.state.failures(step.node, step.kind, now - 86400)
         if failed > retries:
@@ -171,6 +238,11 @@ class Engine:
             if trouble:
                 self._note(step.node, f"not returned: {trouble}", now)
                 return
+        if step.kind == "resume" and self.policy.validate_command and self.policy.enforce:
+            failed_check = self._validate(step.node)
+            if failed_check:
+                step = replace(step, kind="hold", phase="held", action="hold", why=failed_check,
+                               reason=f"{MARKER} hold {failed_check}"[:200])
         action_id = self.state.begin(step, now)
         status, error = "dry_run", ""
         if self.policy.enforce:
@@ -183,17 +255,29 @@ class Engine:
         self.actions[(step.kind, status)] += 1
         if status == "failed" and step.kind == "reset":  # did it reset or not? a person looks
             self.state.set_record(step.node, "held", "hold", f"reset failed: {error}", now, step.gpus)
-            log.error("%s: reset failed, held for a person: %s", step.node, error)
+            self.log.error("%s: reset failed, held for a person: %s", step.node, error)
             return
         if status == "failed":
-            log.error("%s: %s failed (try %d of %d): %s", step.node, step.kind, failed + 1, retries + 1, error)
+            self.log.error("%s: %s failed (try %d of %d): %s", step.node, step.kind, failed + 1, retries + 1, error)
             return
-        log.info("%s: %s%s: %s%s", step.node, step.kind, " (dry run)" if status == "dry_run" else "", step.why,
-                 f" [{step.reason}]" if step.reason else "")
+        self.log.info("%s: %s: %s%s", step.node, step.kind, step.why, f" [{step.reason}]" if step.reason else "")
         self.state.note(step.node, None, now)
+        if step.kind == "resume" and status == "done":
+            taken = self.state.taken_at(step.node, ("done",))
+            if taken is not None:
+                self.state.returned(step.node, taken, self.clock())
         if step.kind != "requeue":
             since = record.since if record and record.phase == step.phase else now
             self.state.set_record(step.node, step.phase, step.action, step.why, since, step.gpus)
+
+    def _validate(self, node: str) -> str | None:
+        """The operator's check before a node returns (a DCGM diag, NHC): why it failed, or None."""
+        argv = [word.format_map({"node": node}) for word in self.policy.validate_command]
+        try:
+            run(argv, self.policy.validate_timeout, merge_output=True)
+        except CommandError as err:
+            return f"validation failed: {err.last_line}"
+        return None
 
     def _carry_out(self, step: Step) -> None:
         if step.kind in ("drain", "hold"):

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from exporter import __version__
 from exporter.family import Family, MetricSpec
 from remediate.engine import Engine
+from remediate.plan import PHASES
 
 P = "gpunode_remediate_"
 BUILD = MetricSpec(P + "build_info", "gauge", "The remediation service's version.", ("version",))
@@ -16,9 +17,22 @@ ACTIONS = MetricSpec(P + "actions_total", "counter", "Node actions since start, 
 NODES = MetricSpec(P + "nodes", "gauge", "Nodes in the service's care, by phase.", ("phase",))
 HELD = MetricSpec(P + "node_held_since_timestamp_seconds", "gauge",
                   "When a node held for a person was held, and why.", ("node", "reason"))
-BREAKER = MetricSpec(P + "breaker_open", "gauge", "1 while the circuit breaker stops new drains; a person "
-                     "closes it with `gpunode-remediate breaker reset`.")
+BREAKER = MetricSpec(P + "breaker_open", "gauge", "1 while the circuit breaker stops new drains (or, opened by a "
+                     "person, every action); a person closes it with `gpunode-remediate breaker reset`.")
+BREAKER_INFO = MetricSpec(P + "breaker_info", "gauge", "The circuit breaker's state (closed, open, paused: opened by "
+                          "a person) and why, for the policy's mode.", ("state", "reason", "mode"))
 BUDGET = MetricSpec(P + "budget_nodes", "gauge", "Nodes the service may drain in the budget window.")
+CARE = MetricSpec(P + "care_limit_nodes", "gauge", "Nodes the service may hold in its care at once (budget.in_care).")
+COUNTED = MetricSpec(P + "counted_nodes", "gauge", "Nodes the budget is a share of: those the policy selects, less "
+                     "those out of service by someone else.")
+AM_UP = MetricSpec(P + "alertmanager_up", "gauge", "1 when Alertmanager's list of alerts was read at the last try; "
+                   "0 when it could not be, and no alert is taken as resolved meanwhile.")
+AM_ALERTS = MetricSpec(P + "alertmanager_alerts_total", "counter", "Alerts taken from Alertmanager's list, by what: "
+                       "taken (never received by webhook), stale (no longer listed: resolved), refused (invalid).",
+                       ("result",))
+RETURN = MetricSpec(P + "return_seconds", "histogram", "Seconds from a node's first action (its drain) to its "
+                    "return to service.")
+RETURN_BUCKETS = (300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0, 259200.0, 604800.0)
 USED = MetricSpec(P + "budget_used_nodes", "gauge", "Nodes the service drained in the budget window.")
 LISTED = MetricSpec(P + "scheduler_nodes", "gauge", "Nodes the scheduler listed at the last look.")
 ALERTS = MetricSpec(P + "alerts_received_total", "counter", "Alerts received in notifications, by status.",
@@ -50,7 +64,7 @@ def families(engine: Engine) -> Iterator[Family]:
     yield actions
     records = state.records()
     nodes = NODES.family()
-    for phase in ("drained", "reset_wait", "reset_done", "reboot_wait", "rebooted", "held"):
+    for phase in PHASES:
         nodes.add((phase,), sum(1 for r in records.values() if r.phase == phase))
     yield nodes
     held = HELD.family()
@@ -58,8 +72,22 @@ def families(engine: Engine) -> Iterator[Family]:
         if record.phase == "held":
             held.add((record.node, record.why), record.since)
     yield held
-    yield one(BREAKER, int(state.breaker()[0]))
-    yield one(BUDGET, policy.budget.nodes(engine.listed))
+    breaker = state.breaker(policy.mode)
+    yield one(BREAKER, int(breaker.open))
+    yield one(BREAKER_INFO, 1, "paused" if breaker.paused else "open" if breaker.open else "closed",
+              breaker.why if breaker.open else "", policy.mode)
+    yield one(BUDGET, policy.budget.nodes(engine.counted))
+    yield one(CARE, policy.budget.care(engine.counted))
+    yield one(COUNTED, engine.counted)
+    if engine.alertmanager_up is not None:
+        yield one(AM_UP, engine.alertmanager_up)
+        am = AM_ALERTS.family()
+        for result in ("taken", "stale", "refused"):
+            am.add((result,), engine.alertmanager_alerts[result])
+        yield am
+    returns = RETURN.family()
+    returns.add_histogram((), RETURN_BUCKETS, state.return_seconds())
+    yield returns
     yield one(USED, state.history(policy, engine.clock()).budget_used)
     yield one(LISTED, engine.listed)
     alerts = ALERTS.family()

@@ -5,9 +5,11 @@ records them); the fleet replay runs this same function over simulated timelines
 A node moves through phases kept in the state file:
   drained      drained for an alert; returns when its alerts have been resolved for the quiet period
   reset_wait   drained; its GPUs are reset once no job runs on it, then reset_done
-  reboot_wait  the scheduler reboots it once idle and keeps it down, then rebooted
+  reboot_wait  the scheduler reboots it once idle and keeps it down, then rebooting, then rebooted
   reset_done, rebooted   return when resolved for the quiet period and its exporter sees every GPU
   held         waits for a person, who resumes it in the scheduler; never returned automatically
+No wait is endless: jobs that do not end within idle_timeout, or a reboot not complete within
+reboot_timeout, hold the node for a person.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from remediate.policy import ACTIONS, Policy
 
 MARKER = "gpunode:"  # every drain reason this service writes begins with it
 RETURNING = {"drained": False, "reset_done": True, "rebooted": True}  # phase -> health check first
+PHASES = ("drained", "reset_wait", "reset_done", "reboot_wait", "rebooting", "rebooted", "held")
 _PHASE_OF = {"drain": "drained", "reset": "reset_wait", "reboot": "reboot_wait", "hold": "held"}
+# What Slurm writes when a reboot does not bring the node back within ResumeTimeout.
+REBOOT_TIMED_OUT = "reboot timed out"
 
 
 @dataclass(frozen=True)
@@ -70,9 +75,10 @@ class History:
 
     drains: Mapping[str, int] = field(default_factory=dict)  # node -> drains in repeat_offender.window
     reboots: Mapping[str, int] = field(default_factory=dict)  # node -> reboots in reboot_repeat_window
-    budget_used: int = 0  # nodes drained in budget.window
+    budget_used: int = 0  # nodes drained in budget.window (since the breaker's last reset)
     breaker_open: bool = False
     requeues: Mapping[str, tuple[int, float]] = field(default_factory=dict)  # job -> (count, last at)
+    paused: str = ""  # why a person opened the breaker (a pause: no call at all); "" when they did not
 
 
 @dataclass(frozen=True)
@@ -133,18 +139,26 @@ def drain_reason(action: str, want: Wanted, extra: str = "") -> str:
     return text[:200]
 
 
+def counted(policy: Policy, views: Mapping[str, NodeView]) -> int:
+    """The nodes the budget is a share of: those the policy selects, less those out of service by
+    someone else (down, drained by a person): a fleet half down does not double the budget."""
+    return sum(1 for name, view in views.items()
+               if policy.nodes.selects(name) and (view.ours or not view.out_of_service))
+
+
 def plan(now: float, policy: Policy, views: Mapping[str, NodeView], firing: Mapping[str, Sequence[Alert]],
-         last_resolved: Mapping[str, float], records: Mapping[str, Record], history: History,
-         listed: int) -> list[Step]:
+         last_resolved: Mapping[str, float], records: Mapping[str, Record], history: History) -> list[Step]:
     """Steps for every node that has firing alerts or a record, first-alerted node first (it gets the
     budget first). `last_resolved`: node -> when its latest alert resolved."""
-    budget = policy.budget.nodes(listed)
+    nodes = counted(policy, views)
+    budget, care = policy.budget.nodes(nodes), policy.budget.care(nodes)
     used = history.budget_used
     breaker_open = history.breaker_open
     steps: list[Step] = []
     # Nodes drained with this service's marker but in no record were cut short by a restart (or the
     # state file is new): taken back into care.
     strays = {name for name, view in views.items() if view.ours and name not in records}
+    in_care = len(records) + len(strays)
     order = sorted(set(firing) | set(records) | strays,
                    key=lambda n: (min((a.starts_at for a in firing.get(n, ())), default=float("inf")), n))
     for node in order:
@@ -157,19 +171,35 @@ def plan(now: float, policy: Policy, views: Mapping[str, NodeView], firing: Mapp
                 continue
             if want is None:
                 continue
+            if not policy.nodes.selects(node):
+                steps.append(Step(node, "note", "left alone: outside the policy's nodes.include/exclude",
+                                  fingerprints=want.fingerprints))
+                continue
             step = _take(node, want, view, history, policy)
             if step.new_drain:
-                if breaker_open or used >= budget:
-                    why = (f"circuit breaker open: {used} of {budget} nodes drained in "
-                           f"{policy.budget.window / 3600:g}h" if not breaker_open else "circuit breaker open")
+                if breaker_open or used >= budget or in_care >= care:
+                    why = _blocked(policy, history.paused, breaker_open, used, budget, in_care, care, nodes)
                     steps.append(Step(node, "block", why, fingerprints=want.fingerprints))
                     breaker_open = True
                     continue
                 used += 1
+                in_care += 1
             steps.append(step)
         else:
             steps.extend(_follow(now, policy, node, want, view, record, history, last_resolved.get(node)))
     return steps
+
+
+def _blocked(policy: Policy, paused: str, breaker_open: bool, used: int, budget: int, in_care: int, care: int,
+             nodes: int) -> str:
+    if paused:
+        return f"paused by a person ({paused})"
+    if breaker_open:
+        return "circuit breaker open"
+    if used >= budget:
+        return f"circuit breaker open: {used} of {budget} nodes drained in {policy.budget.window / 3600:g}h"
+    return (f"circuit breaker open: {in_care} of {care} nodes in the service's care "
+            f"(budget.in_care {policy.budget.in_care:g} of {nodes})")
 
 
 def _take(node: str, want: Wanted, view: NodeView | None, history: History, policy: Policy) -> Step:
@@ -212,7 +242,10 @@ def _follow(now: float, policy: Policy, node: str, want: Wanted | None, view: No
     fp = want.fingerprints if want else ()
     if view is None:
         return [Step(node, "release", "the scheduler no longer lists it")]
-    if not view.ours and not (record.phase == "reboot_wait" and view.rebooting):
+    rebooting = record.phase in ("reboot_wait", "rebooting")
+    if rebooting and REBOOT_TIMED_OUT in view.reason.lower():
+        return [_hold(node, record, f"the reboot did not complete (Slurm: {view.reason[:80]})")]
+    if not view.ours and not (rebooting and view.rebooting):
         # A person resumed it or wrote their own reason: theirs now.
         return [Step(node, "release", f"taken over by someone else ({view.reason or view.state})")]
     if record.phase == "held":
@@ -228,14 +261,22 @@ def _follow(now: float, policy: Policy, node: str, want: Wanted | None, view: No
         if record.phase == "drained":  # drain -> reset
             return [Step(node, "note", want.why, phase="reset_wait", action="reset",
                          gpus=tuple(sorted(set(record.gpus) | set(want.gpus))), fingerprints=fp)]
+    waited = now - record.since
+    if record.phase in ("reset_wait", "reboot_wait") and view.busy:
+        if waited > policy.idle_timeout:
+            return [_hold(node, record, f"idle_timeout: jobs still running after {span(waited)}")]
+        return []
     if record.phase == "reset_wait":
-        if view.busy:
-            return []
         return [Step(node, "reset", "no job runs on it", phase="reset_done", action=record.action,
                      gpus=record.gpus, fingerprints=fp)]
-    if record.phase == "reboot_wait":
-        if view.rebooting or view.state != "down":
-            return []
+    if rebooting and (view.rebooting or view.state != "down"):
+        if record.phase == "reboot_wait" and "reboot_issued" in view.flags:
+            return [Step(node, "note", "the scheduler reboots it", phase="rebooting", action=record.action,
+                         gpus=record.gpus)]
+        if record.phase == "rebooting" and waited > policy.reboot_timeout:
+            return [_hold(node, record, f"reboot_timeout: the reboot not complete after {span(waited)}")]
+        return []
+    if rebooting:
         return [Step(node, "note", "rebooted", phase="rebooted", action=record.action, gpus=record.gpus)]
     steps = []
     if record.phase == "drained" and policy.requeue.enabled:
@@ -245,10 +286,23 @@ def _follow(now: float, policy: Policy, node: str, want: Wanted | None, view: No
     if want is None and record.phase in RETURNING:
         quiet_since = max(resolved_at or record.since, record.since)
         if now - quiet_since >= policy.quiet_period:
-            return [Step(node, "resume", f"alerts resolved for {policy.quiet_period / 60:g} min", phase=None,
+            return [Step(node, "resume", f"alerts resolved for {span(policy.quiet_period)}", phase=None,
                          action=record.action, gpus=record.gpus,
                          health=RETURNING[record.phase] and policy.health_check.enabled)]
     return steps
+
+
+def _hold(node: str, record: Record, why: str) -> Step:
+    """A wait that ran out, or what a reboot or reset could not cure: a person looks."""
+    return Step(node, "hold", why, phase="held", action="hold", reason=f"{MARKER} hold {why}"[:200],
+                gpus=record.gpus)
+
+
+def span(seconds: float) -> str:
+    """A wait as a person reads it: 40 s, 25 min, 2.0 h."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
 
 
 def _requeue(now: float, policy: Policy, node: str, view: NodeView, record: Record,

@@ -70,12 +70,41 @@ DEFAULT_RULES: tuple[Rule, ...] = (
 
 @dataclass(frozen=True)
 class Budget:
-    fraction: float = 0.05  # of the nodes the scheduler lists
+    fraction: float = 0.05  # of the counted nodes (plan.counted): drains per window
     minimum: int = 1
     window: float = 86400.0
+    maximum: int | None = None  # drains per window at most, whatever the fraction gives
+    in_care: float = 0.1  # of the counted nodes in the service's care at once, held included
 
-    def nodes(self, listed: int) -> int:
-        return max(self.minimum, int(self.fraction * listed))
+    def nodes(self, counted: int) -> int:
+        nodes = max(self.minimum, int(self.fraction * counted))
+        return nodes if self.maximum is None else min(nodes, self.maximum)
+
+    def care(self, counted: int) -> int:
+        """Nodes the service may hold in its care at once."""
+        return max(self.minimum, int(self.in_care * counted))
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """The nodes the service may act on and counts in its budget; None: all (include), none (exclude)."""
+
+    include: re.Pattern[str] | None = None
+    exclude: re.Pattern[str] | None = None
+
+    def selects(self, node: str) -> bool:
+        return ((self.include is None or self.include.fullmatch(node) is not None)
+                and (self.exclude is None or self.exclude.fullmatch(node) is None))
+
+
+@dataclass(frozen=True)
+class Alertmanager:
+    """Lost resolutions: a firing alert Alertmanager no longer lists in any state counts as resolved."""
+
+    url: str | None = None
+    receiver: str = "gpunode-remediate"
+    interval: float = 60.0
+    stale_after: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -126,6 +155,12 @@ class Policy:
     health_check: HealthCheck = field(default_factory=HealthCheck)
     interval: float = 15.0  # how often the scheduler is looked at without a notification
     rules: tuple[Rule, ...] = DEFAULT_RULES
+    alertmanager: Alertmanager = field(default_factory=Alertmanager)
+    nodes: Nodes = field(default_factory=Nodes)
+    idle_timeout: float = 86400.0  # a node waiting for its jobs to end before a reset or reboot: then held
+    reboot_timeout: float = 1800.0  # a reboot not complete by then holds the node
+    validate_command: tuple[str, ...] = ()  # run before every return; a non-zero exit holds the node
+    validate_timeout: float = 900.0  # dcgmi diag -r 2 takes minutes; a check past this has failed
 
     @property
     def enforce(self) -> bool:
@@ -255,7 +290,17 @@ def build(data: Any) -> Policy:
         "node_pattern": _node_pattern,
         "budget": lambda v, w: _section(Budget, v, w, {
             "fraction": lambda x, at: float(_number(x, at, 0, 1)),
-            "minimum": lambda x, at: int(_number(x, at, 0, 1e6, whole=True)), "window": _duration}),
+            "minimum": lambda x, at: int(_number(x, at, 0, 1e6, whole=True)), "window": _duration,
+            "maximum": lambda x, at: int(_number(x, at, 0, 1e6, whole=True)),
+            "in_care": lambda x, at: float(_number(x, at, 0, 1))}),
+        "nodes": lambda v, w: _section(Nodes, v, w, {"include": _regex, "exclude": _regex}),
+        "alertmanager": lambda v, w: _section(Alertmanager, v, w, {
+            "url": _url, "receiver": _string, "interval": lambda x, at: max(1.0, _duration(x, at)),
+            "stale_after": _duration}),
+        "idle_timeout": _duration,
+        "reboot_timeout": _duration,
+        "validate_command": lambda v, w: _placeholders(v, w, {"node"}),
+        "validate_timeout": _duration,
         "repeat_offender": lambda v, w: _section(RepeatOffender, v, w, {
             "drains": lambda x, at: int(_number(x, at, 1, 1000, whole=True)), "window": _duration}),
         "reboot_repeat_window": _duration,
@@ -275,6 +320,13 @@ def build(data: Any) -> Policy:
         for name, argv in policy.scheduler.commands.items():
             _placeholders(list(argv), f"scheduler.commands.{name}", {"node", "reason", "job"})
     return policy
+
+
+def _url(value: Any, where: str) -> str:
+    text = _string(value, where)
+    if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", text):
+        raise ConfigError(f"key '{where}': want an http:// or https:// URL, got {value!r}")
+    return text.rstrip("/")
 
 
 def _boolean(value: Any, where: str) -> bool:

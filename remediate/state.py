@@ -31,10 +31,24 @@ CREATE TABLE IF NOT EXISTS actions (
   why TEXT NOT NULL, reason TEXT NOT NULL, job TEXT NOT NULL, new_drain INTEGER NOT NULL,
   fingerprints TEXT NOT NULL, started_at REAL NOT NULL, finished_at REAL, error TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS actions_node ON actions (node, kind, started_at);
-CREATE TABLE IF NOT EXISTS breaker (
-  id INTEGER PRIMARY KEY CHECK (id = 1), open INTEGER NOT NULL, since REAL NOT NULL, why TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS notes (node TEXT PRIMARY KEY, why TEXT NOT NULL, since REAL NOT NULL);
+-- One circuit breaker per mode: what a dry run decides never opens the enforced one. paused: a
+-- person opened it (every call stops); budget_from: drains before it no longer count (a reset).
+CREATE TABLE IF NOT EXISTS breakers (
+  mode TEXT PRIMARY KEY, open INTEGER NOT NULL, paused INTEGER NOT NULL, since REAL NOT NULL,
+  why TEXT NOT NULL, budget_from REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS returns (node TEXT NOT NULL, taken_at REAL NOT NULL, returned_at REAL NOT NULL);
 """
+
+
+@dataclass(frozen=True)
+class Breaker:
+    open: bool = False
+    paused: bool = False  # opened by a person: no call at all until a reset
+    since: float = 0.0
+    why: str = ""
+    budget_from: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -60,7 +74,17 @@ class State:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
             self.db.executescript(_SCHEMA)
+            self._migrate()
         self.lock = threading.Lock()
+
+    def _migrate(self) -> None:
+        """A state file of an earlier version kept one breaker for both modes: it becomes the
+        enforced one if it was open (closing it silently would be worse)."""
+        old = self.db.execute("SELECT name FROM sqlite_master WHERE name = 'breaker'").fetchone()
+        if old:
+            for since, why in self.db.execute("SELECT since, why FROM breaker WHERE open = 1").fetchall():
+                self.db.execute("INSERT OR IGNORE INTO breakers VALUES ('enforce', 1, 0, ?, ?, 0)", (since, why))
+            self.db.execute("DROP TABLE breaker")
 
     def close(self) -> None:
         self.db.close()
@@ -176,21 +200,59 @@ class State:
         reboots = dict(self._rows(f"SELECT node, COUNT(*) FROM actions WHERE kind = 'reboot' AND status IN "
                                   f"({marks}) AND started_at >= ? GROUP BY node", *done,
                                   now - policy.reboot_repeat_window))
+        breaker = self.breaker(policy.mode)
         used = self._rows(f"SELECT COUNT(DISTINCT node) FROM actions WHERE new_drain = 1 AND status IN ({marks}) "
-                          "AND started_at >= ?", *done, now - policy.budget.window)[0][0]
+                          "AND started_at >= ?", *done, max(now - policy.budget.window, breaker.budget_from))[0][0]
         requeues = {job: (count, last) for job, count, last in self._rows(
             f"SELECT job, COUNT(*), MAX(started_at) FROM actions WHERE kind = 'requeue' AND status IN ({marks}) "
             "GROUP BY job", *done)}
-        return History(drains, reboots, used, self.breaker()[0], requeues)
+        return History(drains, reboots, used, breaker.open, requeues, breaker.why if breaker.paused else "")
 
-    # The circuit breaker
+    # The circuit breaker, one per mode
 
-    def breaker(self) -> tuple[bool, float, str]:
-        rows = self._rows("SELECT open, since, why FROM breaker WHERE id = 1")
-        return (bool(rows[0][0]), rows[0][1], rows[0][2]) if rows else (False, 0.0, "")
+    def breaker(self, mode: str) -> Breaker:
+        rows = self._rows("SELECT open, paused, since, why, budget_from FROM breakers WHERE mode = ?", mode)
+        return Breaker(bool(rows[0][0]), bool(rows[0][1]), *rows[0][2:]) if rows else Breaker()
 
-    def set_breaker(self, is_open: bool, now: float, why: str) -> None:
-        self._write("INSERT OR REPLACE INTO breaker VALUES (1, ?, ?, ?)", int(is_open), now, why)
+    def set_breaker(self, mode: str, breaker: Breaker) -> None:
+        self._write("INSERT OR REPLACE INTO breakers VALUES (?, ?, ?, ?, ?, ?)", mode, int(breaker.open),
+                    int(breaker.paused), breaker.since, breaker.why, breaker.budget_from)
+
+    # Which mode used the file last: a dry run's records are not the scheduler's nodes
+
+    def last_mode(self, mode: str) -> str | None:
+        """The mode the file was used in before; from now on, `mode`."""
+        rows = self._rows("SELECT value FROM meta WHERE key = 'mode'")
+        self._write("INSERT OR REPLACE INTO meta VALUES ('mode', ?)", mode)
+        return rows[0][0] if rows else None
+
+    def counted(self) -> int | None:
+        """The nodes the budget was a share of at the service's last look (plan.counted)."""
+        rows = self._rows("SELECT value FROM meta WHERE key = 'counted'")
+        return int(rows[0][0]) if rows else None
+
+    def set_counted(self, nodes: int) -> None:
+        self._write("INSERT OR REPLACE INTO meta VALUES ('counted', ?)", str(nodes))
+
+    def forget_nodes(self) -> int:
+        """Every record and note (a dry run's, when the service starts enforcing); how many records."""
+        records = self._rows("SELECT COUNT(*) FROM nodes")[0][0]
+        self._write("DELETE FROM notes")
+        self._write("DELETE FROM nodes")
+        return records
+
+    # Returns to service: from the node's first action (its latest new drain) to its return
+
+    def taken_at(self, node: str, statuses: tuple[str, ...]) -> float | None:
+        marks = ",".join("?" * len(statuses))
+        return self._rows(f"SELECT MAX(started_at) FROM actions WHERE node = ? AND new_drain = 1 "
+                          f"AND status IN ({marks})", node, *statuses)[0][0]
+
+    def returned(self, node: str, taken_at: float, now: float) -> None:
+        self._write("INSERT INTO returns VALUES (?, ?, ?)", node, taken_at, now)
+
+    def return_seconds(self) -> list[float]:
+        return [row[0] for row in self._rows("SELECT returned_at - taken_at FROM returns")]
 
     # Notes: why a node with alerts was left alone (shown by status, logged once)
 

@@ -18,7 +18,7 @@ from remediate.policy import Budget
 
 T = 1_700_000_000.0
 NODES = [f"gpu{n:03d}" for n in range(40)]
-NO_BREAKER = replace(POLICY, budget=Budget(1.0, 1, 86400.0))
+NO_BREAKER = replace(POLICY, budget=Budget(1.0, 1, 86400.0, in_care=1.0))
 
 
 def episode(alertname: str, node: str, start: float, end: float, **labels: str) -> Firing:

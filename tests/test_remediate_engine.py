@@ -15,6 +15,7 @@ import pytest
 from exporter.exposition import Renderer
 from remediate import metrics
 from remediate.alerts import parse
+from remediate.cli import breaker_command, status_text
 from remediate.engine import Engine
 from remediate.plan import Step
 from remediate.policy import build
@@ -155,14 +156,46 @@ def test_the_breaker_stays_open_until_a_person_resets_it(tmp_path: Path, cluster
     storm = [alert_json("GpuNodeHostStarved", f"gpu{i:03d}", starts=clock.now - 100 + i) for i in range(1, 31)]
     deliver(e, *storm, clock=clock)
     assert [c.split()[1] for c in calls(cluster)] == ["gpu001", "gpu002"]
-    assert e.state.breaker()[0] and e.actions[("drain", "blocked")] == 28
+    assert e.state.breaker("enforce").open and e.actions[("drain", "blocked")] == 28
     clock.now += 2 * 86400  # the window has passed, but the breaker waits for a person
     e.reconcile()
     assert len(calls(cluster)) == 2
-    e.state.set_breaker(False, clock.now, "reset by a person")
+    breaker_command(e.policy, e.state, "reset", "", clock.now)
     e.reconcile()
     assert len(calls(cluster)) == 4  # a fresh budget of 2, then open again
-    assert e.state.breaker()[0]
+    assert e.state.breaker("enforce").open
+
+
+def test_a_breaker_reset_clears_the_budgets_window(tmp_path: Path, cluster: Path) -> None:
+    """Right after the breaker opened, the two drains of the window no longer count once a person
+    resets it: two more nodes are drained, not the breaker opened again at once."""
+    clock = Clock()
+    e = engine(tmp_path, cluster, clock)
+    deliver(e, *[alert_json("GpuNodeHostStarved", f"gpu{i:03d}", starts=clock.now - 100 + i) for i in range(1, 31)],
+            clock=clock)
+    assert len(calls(cluster)) == 2 and e.state.history(e.policy, clock.now).budget_used == 2
+    clock.now += 60
+    said = breaker_command(e.policy, e.state, "reset", "", clock.now)
+    assert "it was open since" in said and "2 of 2 nodes drained in 24h" in said
+    assert "may drain 2 node(s) of the 40 counted at the last look in the next 24h" in said
+    assert e.state.history(e.policy, clock.now).budget_used == 0
+    e.reconcile()
+    assert [c.split()[1] for c in calls(cluster)] == ["gpu001", "gpu002", "gpu003", "gpu004"]
+
+
+def test_a_pause_stops_every_call_until_a_reset(tmp_path: Path, cluster: Path) -> None:
+    clock = Clock()
+    e = engine(tmp_path, cluster, clock)
+    said = breaker_command(e.policy, e.state, "open", "switch maintenance, ticket 4711", clock.now)
+    assert said.startswith("circuit breaker opened by a person (it was closed)")
+    deliver(e, alert_json("GpuXidHardwareFault", "gpu007", starts=clock.now - 10, xid="79", action="RESTART_BM"),
+            clock=clock)
+    assert calls(cluster) == []
+    assert e.state.notes()["gpu007"][0] == "not drained: paused by a person (switch maintenance, ticket 4711)"
+    assert "PAUSED by a person" in status_text(e.policy, e.state, clock.now)
+    breaker_command(e.policy, e.state, "reset", "", clock.now)
+    e.reconcile()
+    assert [c.split()[:2] for c in calls(cluster)] == [["reboot", "gpu007"]]
 
 
 def test_a_reset_cut_short_by_a_restart_holds_the_node(tmp_path: Path, cluster: Path) -> None:
@@ -191,3 +224,46 @@ def test_the_metrics_pass_promtool(tmp_path: Path, cluster: Path) -> None:
         pytest.skip("promtool not installed (scripts/install-deps.sh --test installs it)")
     out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_dry_run_never_counts_towards_the_enforced_budget_or_breaker(
+        tmp_path: Path, cluster: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An operator evaluates in a dry run, then enforces on the same state file: the dry run's
+    breaker, records and drains are its own, and every line it logged said it was a dry run."""
+    clock = Clock()
+    caplog.set_level("INFO", logger="gpunode-remediate")
+    dry = engine(tmp_path, cluster, clock, mode="dry-run")
+    storm = [alert_json("GpuNodeHostStarved", f"gpu{i:03d}", starts=clock.now - 100 + i) for i in range(1, 31)]
+    deliver(dry, *storm, clock=clock)
+    assert calls(cluster) == [] and dry.state.breaker("dry-run").open and not dry.state.breaker("enforce").open
+    assert caplog.records and all(r.getMessage().startswith("dry run: ") for r in caplog.records)
+    assert "circuit breaker (dry run): OPEN" in status_text(dry.policy, dry.state, clock.now)
+    assert "gpu001  drained (dry run)" in status_text(dry.policy, dry.state, clock.now)
+    dry.state.close()
+    caplog.clear()
+    real = engine(tmp_path, cluster, clock)
+    assert real.state.records() == {} and real.state.history(real.policy, clock.now).budget_used == 0
+    assert "dry run's: its 2 node record(s) are dropped" in caplog.text
+    real.reconcile()
+    assert [c.split()[:2] for c in calls(cluster)] == [["drain", "gpu001"], ["drain", "gpu002"]]
+    assert not any(r.getMessage().startswith("dry run") for r in caplog.records)
+
+
+def test_a_failed_validation_holds_the_node_with_the_checks_last_line(tmp_path: Path, cluster: Path) -> None:
+    clock = Clock()
+    check = [sys.executable, "-c", "import sys; print('Running diag'); print('GPU 3: diag failed: memory'); "
+             "sys.exit(1 if sys.argv[1] == 'gpu004' else 0)", "{node}"]
+    e = engine(tmp_path, cluster, clock, validate_command=check)
+    for node in ("gpu004", "gpu005"):
+        deliver(e, alert_json("GpuNvLinkDegraded", node, starts=clock.now - 300), clock=clock)
+        deliver(e, alert_json("GpuNvLinkDegraded", node, status="resolved", starts=clock.now - 300, ends=clock.now),
+                clock=clock)
+    clock.now += 901
+    e.reconcile()
+    assert calls(cluster)[2:] == ["drain gpu004 gpunode: hold validation failed: GPU 3: diag failed: memory",
+                                  "resume gpu005"]
+    assert e.state.records()["gpu004"].phase == "held" and "gpu005" not in e.state.records()
+    text = Renderer().render(metrics.families(e)).decode()
+    assert "gpunode_remediate_return_seconds_count 1\n" in text
+    assert 'gpunode_remediate_return_seconds_bucket{le="900.0"} 0\n' in text  # 901 s from drain to return
+    assert 'gpunode_remediate_return_seconds_bucket{le="1800.0"} 1\n' in text

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from remediate.plan import MARKER, History, NodeView, Record, Step, plan
+from remediate.plan import MARKER, History, NodeView, Record, Step, counted, plan
 from remediate.policy import build
 from tests.remediation import alert
 
@@ -22,8 +22,7 @@ def steps(firing, views=None, records=None, history=None, now=1000.0, resolved=N
     by_node: dict = {}
     for a in firing:
         by_node.setdefault(POLICY.node(a.labels), []).append(a)
-    return plan(now, policy, views or idle(), by_node, resolved or {}, records or {}, history or History(),
-                len(NODES))
+    return plan(now, policy, views or idle(), by_node, resolved or {}, records or {}, history or History())
 
 
 def ours(name: str, action: str, state: str = "idle", *flags: str) -> NodeView:
@@ -146,3 +145,66 @@ def test_requeue_is_off_by_default() -> None:
     record = {"gpu010": Record("gpu010", "drained", "drain", "x", 500.0)}
     view = idle(gpu010=NodeView("gpu010", "allocated", frozenset({"drain"}), f"{MARKER} drain X", ("77",)))
     assert steps([alert("GpuNodeClockThrottled", "gpu010")], view, record, policy=build({})) == []
+
+
+def test_a_wait_for_jobs_to_end_is_held_after_idle_timeout() -> None:
+    policy = build({"mode": "enforce", "idle_timeout": "2h"})
+    for phase, action, flags in (("reset_wait", "reset", ()), ("reboot_wait", "reboot", ("reboot_requested",))):
+        record = {"gpu005": Record("gpu005", phase, action, "x", 1000.0)}
+        busy = idle(gpu005=ours("gpu005", action, "allocated", *flags))
+        assert steps([], busy, record, now=1000.0 + 7200, policy=policy) == []
+        [held] = steps([], busy, record, now=1000.0 + 7201, policy=policy)
+        assert (held.kind, held.phase, held.action) == ("hold", "held", "hold")
+        assert held.reason == "gpunode: hold idle_timeout: jobs still running after 2.0 h"
+
+
+def test_a_reboot_that_never_completes_is_held_after_reboot_timeout() -> None:
+    policy = build({"mode": "enforce", "reboot_timeout": "30m"})
+    waiting = {"gpu003": Record("gpu003", "reboot_wait", "reboot", "x", 500.0)}
+    issued = idle(gpu003=ours("gpu003", "reboot", "down", "reboot_issued"))
+    [started] = steps([], issued, waiting, now=600.0, policy=policy)
+    assert (started.kind, started.phase) == ("note", "rebooting")
+    rebooting = {"gpu003": Record("gpu003", "rebooting", "reboot", "x", 600.0)}
+    assert steps([], issued, rebooting, now=600.0 + 1800, policy=policy) == []
+    [held] = steps([], issued, rebooting, now=600.0 + 1801, policy=policy)
+    assert (held.kind, held.phase) == ("hold", "held") and "reboot_timeout" in held.reason
+    # Slurm gave up first (ResumeTimeout): its own reason replaced ours, and the node is still ours to hold.
+    timed_out = idle(gpu003=NodeView("gpu003", "down", frozenset(), "reboot timed out"))
+    [held] = steps([], timed_out, rebooting, now=700.0, policy=policy)
+    assert (held.kind, held.phase) == ("hold", "held") and "Slurm: reboot timed out" in held.reason
+
+
+def test_nodes_outside_include_and_exclude_are_left_alone_and_not_counted() -> None:
+    policy = build({"mode": "enforce", "nodes": {"include": "gpu0[0-3][0-9]", "exclude": "gpu00[1-9]"}})
+    [left] = steps([xid79("gpu004")], policy=policy)
+    assert left.kind == "note" and "nodes.include/exclude" in left.why
+    assert counted(policy, idle()) == 30  # gpu010-gpu039 of gpu001-gpu040
+    # Nodes already down by someone else are no part of the fleet the budget is a share of.
+    down = {n: NodeView(n, "down", frozenset(), "Not responding") for n in NODES[10:30]}
+    assert counted(build({}), idle(**down)) == 20
+
+
+def test_the_budget_has_an_absolute_maximum() -> None:
+    storm = [alert("GpuNvLinkDegraded", node, starts=100.0 + n) for n, node in enumerate(NODES[:30])]
+    big = {n: NodeView(n, "idle") for n in (f"gpu{i:04d}" for i in range(1000))} | idle()
+    assert sum(s.kind == "drain" for s in steps(storm, big, policy=build({"mode": "enforce"}))) == 30  # 5 % of 1040
+    capped = build({"mode": "enforce", "budget": {"maximum": 3, "in_care": 1.0}})
+    out = steps(storm, big, policy=capped)
+    assert [s.node for s in out if s.kind == "drain"] == ["gpu001", "gpu002", "gpu003"]
+    assert "3 of 3 nodes drained in 24h" in next(s.why for s in out if s.kind == "block")
+
+
+def test_nodes_in_care_at_once_are_capped_held_nodes_included() -> None:
+    """A week of 5 % a day piles up held nodes: past budget.in_care (10 % of 40: 4) nothing more is taken."""
+    held = {n: Record(n, "held", "hold", "x", 0.0) for n in NODES[:4]}
+    views = idle(**{n: ours(n, "hold") for n in NODES[:4]})
+    [block] = steps([xid79("gpu020")], views, held)
+    assert block.kind == "block" and "4 of 4 nodes in the service's care (budget.in_care 0.1 of 40)" in block.why
+    three = {n: held[n] for n in NODES[:3]}
+    [taken] = steps([xid79("gpu020")], idle(**{n: ours(n, "hold") for n in three}), three)
+    assert (taken.kind, taken.node) == ("reboot", "gpu020")
+
+
+def test_a_pause_blocks_new_drains_with_the_persons_reason() -> None:
+    [block] = steps([xid79()], history=History(breaker_open=True, paused="switch maintenance"))
+    assert (block.kind, block.why) == ("block", "paused by a person (switch maintenance)")

@@ -72,14 +72,20 @@ class Service:
         self.url = f"http://127.0.0.1:{self.port}"
         self.policy = base / "policy.yml"
         self.resets = base / "resets.log"
-        data = {"mode": "enforce", "state_path": str(base / "state.db"), "quiet_period": "2s", "interval": "1s",
-                "scheduler": {"kind": "slurm", "scontrol": cluster.scontrol_path, "timeout": "20s"},
-                "health_check": {"url": health_url, "timeout": "5s"},
-                "reset_command": ["sh", "-c", f'echo "$0 $1" >> {self.resets}', "{node}", "{gpu}"], **policy}
-        self.policy.write_text(yaml.safe_dump(data))
+        self.data = {"mode": "enforce", "state_path": str(base / "state.db"), "quiet_period": "2s", "interval": "1s",
+                     "scheduler": {"kind": "slurm", "scontrol": cluster.scontrol_path, "timeout": "20s"},
+                     "health_check": {"url": health_url, "timeout": "5s"},
+                     "reset_command": ["sh", "-c", f'echo "$0 $1" >> {self.resets}', "{node}", "{gpu}"]}
+        self.configure(**policy)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = base / "service.log"
         self.headers: dict[str, str] = {}
+
+    def configure(self, **policy: Any) -> Service:
+        """Change the policy (read at the next start)."""
+        self.data.update(policy)
+        self.policy.write_text(yaml.safe_dump(self.data))
+        return self
 
     def start(self, *extra: str) -> Service:
         with self.log.open("ab") as log:
@@ -130,6 +136,7 @@ class Alertmanager:
     service (and waiting 1 s rather than 10 before a first notification)."""
 
     def __init__(self, base: Path, service_url: str) -> None:
+        self.base = base
         config = yaml.safe_load((ROOT / "alertmanager" / "alertmanager.yml").read_text())
         receiver = next(r for r in config["receivers"] if r["name"] == "gpunode-remediate")
         receiver["webhook_configs"][0]["url"] = f"{service_url}/alerts"
@@ -138,8 +145,16 @@ class Alertmanager:
         base.mkdir(exist_ok=True)
         (base / "am.yml").write_text(yaml.safe_dump(config))
         self.port = free_port()
-        self.proc = subprocess.Popen([_tool("prometheus-alertmanager"), f"--config.file={base / 'am.yml'}",
-                                      f"--web.listen-address=127.0.0.1:{self.port}", f"--storage.path={base}",
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.lives = 0
+        self.start()
+
+    def start(self) -> None:
+        """On a storage directory of its own each time: a restart loses every alert it held."""
+        self.lives += 1
+        storage = self.base / f"storage-{self.lives}"
+        self.proc = subprocess.Popen([_tool("prometheus-alertmanager"), f"--config.file={self.base / 'am.yml'}",
+                                      f"--web.listen-address=127.0.0.1:{self.port}", f"--storage.path={storage}",
                                       "--cluster.listen-address="],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_port(self.port, lambda: self.proc.poll() is None)
@@ -148,7 +163,13 @@ class Alertmanager:
         """As Prometheus sends alerts: labels, annotations, startsAt, and endsAt once resolved."""
         body = [{k: a[k] for k in ("labels", "annotations", "startsAt")} | (
             {"endsAt": a["endsAt"]} if a["status"] == "resolved" else {}) for a in alerts]
-        requests.post(f"http://127.0.0.1:{self.port}/api/v2/alerts", json=body, timeout=10).raise_for_status()
+        requests.post(f"{self.url}/api/v2/alerts", json=body, timeout=10).raise_for_status()
+
+    def silence(self, **labels: str) -> None:
+        matchers = [{"name": k, "value": v, "isRegex": False, "isEqual": True} for k, v in labels.items()]
+        requests.post(f"{self.url}/api/v2/silences", timeout=10, json={
+            "matchers": matchers, "startsAt": rfc3339(time.time() - 1), "endsAt": rfc3339(time.time() + 3600),
+            "createdBy": "test", "comment": "a person looks"}).raise_for_status()
 
     def stop(self) -> None:
         self.proc.kill()
@@ -159,8 +180,9 @@ class Alertmanager:
 def alertmanager(tmp_path: Path) -> Iterator[Callable[[Service], Alertmanager]]:
     started: list[Alertmanager] = []
 
-    def make(service: Service) -> Alertmanager:
-        started.append(Alertmanager(tmp_path / "am", service.url))
+    def make(service: Service, webhook: str | None = None) -> Alertmanager:
+        """webhook: where notifications go instead of the service (a dead address: every one is lost)."""
+        started.append(Alertmanager(tmp_path / "am", webhook or service.url))
         return started[-1]
 
     yield make
@@ -254,6 +276,12 @@ def test_thirty_nodes_alerting_at_once_stop_at_the_breaker(
     assert "circuit breaker: OPEN" in status and status.count("not drained: circuit breaker open") >= 20
     reset = svc.command("breaker", "reset")
     assert reset.returncode == 0 and "circuit breaker closed (it was open since" in reset.stdout
+    assert "Drains before now no longer count: the service may drain 2 node(s) of the 40 counted" in reset.stdout
+    # The window is cleared: two more nodes are drained, then the breaker opens again.
+    wait("two more drains", lambda: sum("DRAIN" in flags(n) for n in cluster.all_nodes()) == 4)
+    wait("the breaker again", lambda: svc.metrics()["gpunode_remediate_breaker_open"][()] == 1)
+    time.sleep(2)
+    assert sum("DRAIN" in flags(n) for n in cluster.all_nodes()) == 4
 
 
 def test_killed_mid_drain_and_restarted_it_loses_nothing_and_doubles_nothing(
@@ -290,7 +318,8 @@ def test_killed_mid_drain_and_restarted_it_loses_nothing_and_doubles_nothing(
     (b"{not json", {}, 400, "not JSON"),
     (json.dumps({"version": "3", "status": "firing", "alerts": []}).encode(), {}, 400, "version"),
     (notification({**xid79("gpu008"), "fingerprint": "'; DROP TABLE nodes; --"}), {}, 400, "fingerprint"),
-    (notification({**xid79("gpu008"), "labels": {"alertname": ["x"]}}), {}, 400, "want a string"),
+    (notification({**xid79("gpu008"), "labels": {"alertname": ["x"]}}), {}, 400, "want a string, got a list"),
+    (json.dumps({"version": 4, "status": "firing", "alerts": []}).encode(), {}, 400, "got 4 (a number)"),
     (b"x", {"Content-Length": str(1 << 30)}, 400, "over the limit"),
     (notification(xid79("gpu008")), {"Authorization": "Bearer wrong"}, 401, "Unauthorized"),
 ])
@@ -345,3 +374,118 @@ def test_a_stragglers_job_is_requeued_without_it_when_the_policy_says_so(
     assert "DRAIN" in flags(cluster.node("gpu010"))
     time.sleep(3)  # more looks: one requeue, the backoff holds the next
     assert cluster.job(job)["Restarts"] == "1" and cluster.job(job).get("NodeList") != "gpu010"
+
+
+def unattended(svc: Service, am: Alertmanager, **changes: Any) -> Service:
+    """The service reading Alertmanager's list every second, an alert not listed for 4 s resolved."""
+    return svc.configure(alertmanager={"url": am.url, "interval": "1s", "stale_after": "4s"}, **changes).start()
+
+
+def test_a_lost_resolution_is_found_in_alertmanagers_list_and_the_node_returns(
+        cluster: SlurmCluster, service: Callable[..., Service], alertmanager: Callable[..., Alertmanager]) -> None:
+    """Alertmanager restarted with its state lost: no resolved notification will ever come. While it
+    is down nothing is resolved; once it is back and no longer lists the alert, the node returns."""
+    svc = service()
+    am = alertmanager(svc)
+    unattended(svc, am)
+    am.post(alert_json("GpuNvLinkDegraded", "gpu011", starts=time.time() - 60))
+    cluster.wait_state("gpu011", lambda n: "DRAIN" in flags(n))
+    am.stop()
+    wait("Alertmanager seen down", lambda: svc.metrics()["gpunode_remediate_alertmanager_up"][()] == 0)
+    time.sleep(7)  # past stale_after and the quiet period: nothing resolves while Alertmanager cannot be asked
+    assert "DRAIN" in flags(cluster.node("gpu011"))
+    am.start()
+    cluster.wait_state("gpu011", lambda n: flags(n) == {"IDLE"}, timeout=30)
+    m = svc.metrics()
+    assert m["gpunode_remediate_alertmanager_up"][()] == 1
+    assert m["gpunode_remediate_alertmanager_alerts_total"][(("result", "stale"),)] == 1
+    said = "gpu011: GpuNvLinkDegraded no longer listed by Alertmanager for 4 s: taken as resolved"
+    assert said in svc.log.read_text()
+
+
+def test_a_silenced_alert_is_never_taken_as_resolved(
+        cluster: SlurmCluster, service: Callable[..., Service], alertmanager: Callable[..., Alertmanager]) -> None:
+    svc = service()
+    am = alertmanager(svc)
+    unattended(svc, am)
+    am.post(alert_json("GpuNvLinkDegraded", "gpu012", starts=time.time() - 60))
+    cluster.wait_state("gpu012", lambda n: "DRAIN" in flags(n))
+    am.silence(alertname="GpuNvLinkDegraded", instance="gpu012:19835")
+    time.sleep(8)  # twice stale_after: Alertmanager lists it, suppressed
+    assert "DRAIN" in flags(cluster.node("gpu012")) and "gpu012  drained" in svc.command("status").stdout
+    assert svc.metrics()["gpunode_remediate_alertmanager_alerts_total"][(("result", "stale"),)] == 0
+
+
+def test_alerts_sent_while_the_service_could_not_hear_them_are_taken_from_alertmanagers_list(
+        cluster: SlurmCluster, service: Callable[..., Service], alertmanager: Callable[..., Alertmanager]) -> None:
+    svc = service()
+    am = alertmanager(svc, webhook=f"http://127.0.0.1:{free_port()}")  # every notification lost
+    unattended(svc, am)
+    am.post(alert_json("GpuNvLinkDegraded", "gpu013", starts=time.time() - 60))
+    node = cluster.wait_state("gpu013", lambda n: "DRAIN" in flags(n))
+    assert node["Reason"] == "gpunode: drain GpuNvLinkDegraded"
+    assert svc.metrics()["gpunode_remediate_alertmanager_alerts_total"][(("result", "taken"),)] == 1
+    assert svc.metrics()["gpunode_remediate_notifications_total"][()] == 0
+
+
+def test_a_person_pauses_every_action_until_a_reset(
+        cluster: SlurmCluster, service: Callable[..., Service], alertmanager: Callable[..., Alertmanager]) -> None:
+    svc = service().start()
+    am = alertmanager(svc)
+    paused = svc.command("breaker", "open", "--reason", "switch maintenance, ticket 4711")
+    assert paused.returncode == 0 and "no drain, reboot, reset, return or requeue" in paused.stdout
+    am.post(xid79("gpu014", starts=time.time()))
+    wait("the note", lambda: "paused by a person" in svc.command("status").stdout)
+    assert flags(cluster.node("gpu014")) == {"IDLE"}
+    info = svc.metrics()["gpunode_remediate_breaker_info"]
+    assert info == {(("mode", "enforce"), ("reason", "switch maintenance, ticket 4711"), ("state", "paused")): 1}
+    assert "PAUSED by a person since" in svc.command("status").stdout
+    svc.command("breaker", "reset")
+    wait("the reboot", lambda: "gpu014 gpunode: reboot GpuXidHardwareFault" in reasons(cluster))
+
+
+def test_a_job_that_never_ends_holds_the_node_after_idle_timeout(
+        cluster: SlurmCluster, service: Callable[..., Service], alertmanager: Callable[..., Alertmanager]) -> None:
+    cluster.submit("gpu015", 300)
+    svc = service(idle_timeout="3s").start()
+    am = alertmanager(svc)
+    am.post(alert_json("GpuRowRemapPending", "gpu015", gpu="5", starts=time.time() - 30))
+    cluster.wait_state("gpu015", lambda n: "DRAIN" in flags(n) and "ALLOCATED" in flags(n))
+    node = cluster.wait_state("gpu015", lambda n: n["Reason"].startswith("gpunode: hold"), timeout=20)
+    assert node["Reason"].startswith("gpunode: hold idle_timeout: jobs still running after ")
+    assert svc.resets_done() == []
+    held = svc.metrics()["gpunode_remediate_node_held_since_timestamp_seconds"]
+    assert [dict(k)["node"] for k in held] == ["gpu015"]
+
+
+def test_a_failed_validation_holds_the_node_instead_of_returning_it(
+        cluster: SlurmCluster, service: Callable[..., Service], alertmanager: Callable[..., Alertmanager]) -> None:
+    check = ["sh", "-c", 'echo "dcgmi diag -r 1 on $0"; echo "GPU 3: Memory test failed"; exit 1', "{node}"]
+    svc = service(validate_command=check).start()
+    am = alertmanager(svc)
+    starts = time.time() - 60
+    am.post(alert_json("GpuNvLinkDegraded", "gpu016", starts=starts))
+    cluster.wait_state("gpu016", lambda n: "DRAIN" in flags(n))
+    am.post(alert_json("GpuNvLinkDegraded", "gpu016", "resolved", starts=starts, ends=time.time()))
+    node = cluster.wait_state("gpu016", lambda n: n["Reason"].startswith("gpunode: hold"), timeout=30)
+    assert node["Reason"] == "gpunode: hold validation failed: GPU 3: Memory test failed"
+    assert "DRAIN" in flags(node) and "gpu016  held" in svc.command("status").stdout
+
+
+def test_a_dry_run_leaves_the_enforced_budget_and_breaker_clean(
+        cluster: SlurmCluster, service: Callable[..., Service], alertmanager: Callable[..., Alertmanager]) -> None:
+    """An operator evaluates in a dry run (its breaker opens in the storm), then enforces on the same
+    state file: the real budget is whole, and every line the dry run logged said it was one."""
+    svc = service(mode="dry-run").start()
+    am = alertmanager(svc)
+    am.post(*(alert_json("GpuNodeHostStarved", node, starts=time.time() - 100) for node in NODES[20:30]))
+    wait("the dry run's breaker", lambda: svc.metrics()["gpunode_remediate_breaker_open"][()] == 1)
+    info = svc.metrics()["gpunode_remediate_breaker_info"]
+    assert [dict(k)["mode"] for k in info] == ["dry-run"]
+    svc.stop()
+    decisions = [line for line in svc.log.read_text().splitlines() if "gpu0" in line]
+    assert decisions and all("dry run: " in line for line in decisions), decisions
+    assert "(dry run)" in svc.command("status").stdout
+    svc.configure(mode="enforce").start()
+    wait("two real drains", lambda: sum("DRAIN" in flags(n) for n in cluster.all_nodes()) == 2)
+    assert "the state file was a dry run's" in svc.log.read_text()
