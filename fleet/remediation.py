@@ -168,6 +168,9 @@ class SimScheduler:
     def requeue(self, job: str) -> None:  # no jobs run in the simulated scheduler
         pass
 
+    def returns_rebooted(self) -> bool:  # nextstate=DOWN holds: ReturnToService 0 or 1
+        return False
+
     def reset(self, node: str, gpus: tuple[str, ...]) -> None:
         self.resets.append((node, gpus, self.clock[0]))
 

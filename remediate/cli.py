@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         print(f"{args.config_file}: valid ({policy.mode}, scheduler {policy.scheduler.kind}, "
               f"{len(policy.rules)} rules)")
+        if policy.scheduler.kind == "slurm":
+            _check_slurm(policy)
         return 0
     if args.command == "serve":
         return _serve(args, policy, web, token)
@@ -107,6 +109,27 @@ def breaker_command(policy: policies.Policy, state: State, command: str, reason:
     return (f"circuit breaker closed{tag} (it was {was}). Drains before now no longer count: the service may drain "
             f"{budget} in the next {policy.budget.window / 3600:g}h; nodes whose alerts still fire are taken at "
             "its next look, first alerted first")
+
+
+_RETURN_TO_SERVICE = {
+    2: "Slurm returns a rebooted node as soon as it registers: the service drains it again until its quiet "
+       "period and GPU check pass (ReturnToService=1 spares that drain)",
+}
+
+
+def _check_slurm(policy: policies.Policy) -> None:
+    """What the cluster's ReturnToService means for the nodes the service reboots."""
+    from remediate.command import CommandError
+    from remediate.scheduler.slurm import Slurm
+
+    try:
+        value = Slurm(policy.scheduler.scontrol, timeout=policy.scheduler.timeout).return_to_service()
+    except CommandError as err:
+        sys.stderr.write(f"slurm: ReturnToService not checked: {err}\n")
+        return
+    if value is not None:
+        print(f"slurm: ReturnToService={value}: " + _RETURN_TO_SERVICE.get(
+            value, "a rebooted node stays down until the service returns it"))
 
 
 def _token(path: Path) -> bytes:

@@ -54,6 +54,7 @@ class Engine:
         self.listed = 0
         self.counted = 0  # of those, the nodes the budget is a share of
         self._paused = ""  # why a person opened the breaker: every call waits
+        self._returns_rebooted: bool | None = None  # the scheduler's ReturnToService=2, read once it answers
         # Alertmanager's list: None until asked (or without alertmanager.url), then 1 or 0.
         self.alertmanager_up: int | None = None
         self.alertmanager_alerts: Counter[str] = Counter()  # taken (never received), stale (resolved), refused
@@ -173,7 +174,13 @@ class Engine:
             self.state.set_counted(nodes)  # for `breaker reset` to say what the budget is
         history = self.state.history(self.policy, now)
         self._paused = history.paused
-        steps = plan(now, self.policy, views, self.state.firing(), self.state.last_resolved(), records, history)
+        if self._returns_rebooted is None:
+            try:
+                self._returns_rebooted = self.scheduler.returns_rebooted()
+            except CommandError as err:
+                self.log.warning("cannot read whether the scheduler returns rebooted nodes by itself: %s", err)
+        steps = plan(now, self.policy, views, self.state.firing(), self.state.last_resolved(), records, history,
+                     bool(self._returns_rebooted))
         for step in steps:
             if waiting is not None and step.calls:
                 self._decided(self.clock() - waiting)

@@ -23,7 +23,8 @@ from remediate.policy import ACTIONS, Policy
 MARKER = "gpunode:"  # every drain reason this service writes begins with it
 RETURNING = {"drained": False, "reset_done": True, "rebooted": True}  # phase -> health check first
 PHASES = ("drained", "reset_wait", "reset_done", "reboot_wait", "rebooting", "rebooted", "held")
-_PHASE_OF = {"drain": "drained", "reset": "reset_wait", "reboot": "reboot_wait", "hold": "held"}
+_PHASE_OF = {"drain": "drained", "reset": "reset_wait", "reboot": "reboot_wait", "hold": "held",
+             "rebooted": "rebooted"}
 # What Slurm writes when a reboot does not bring the node back within ResumeTimeout.
 REBOOT_TIMED_OUT = "reboot timed out"
 
@@ -37,6 +38,7 @@ class NodeView:
     flags: frozenset[str] = frozenset()  # drain, reboot_requested, reboot_issued, reserved, ...
     reason: str = ""
     jobs: tuple[str, ...] = ()
+    started: float = 0.0  # Unix seconds its node daemon last started (after a reboot, a new time); 0: unknown
 
     @property
     def ours(self) -> bool:
@@ -147,9 +149,12 @@ def counted(policy: Policy, views: Mapping[str, NodeView]) -> int:
 
 
 def plan(now: float, policy: Policy, views: Mapping[str, NodeView], firing: Mapping[str, Sequence[Alert]],
-         last_resolved: Mapping[str, float], records: Mapping[str, Record], history: History) -> list[Step]:
+         last_resolved: Mapping[str, float], records: Mapping[str, Record], history: History,
+         returns_rebooted: bool = False) -> list[Step]:
     """Steps for every node that has firing alerts or a record, first-alerted node first (it gets the
-    budget first). `last_resolved`: node -> when its latest alert resolved."""
+    budget first). `last_resolved`: node -> when its latest alert resolved. `returns_rebooted`: the
+    scheduler returns a node to service once it registers after a reboot (Slurm's ReturnToService=2),
+    so a rebooted node back in service before its checks is the scheduler's doing, not a person's."""
     nodes = counted(policy, views)
     budget, care = policy.budget.nodes(nodes), policy.budget.care(nodes)
     used = history.budget_used
@@ -186,7 +191,8 @@ def plan(now: float, policy: Policy, views: Mapping[str, NodeView], firing: Mapp
                 in_care += 1
             steps.append(step)
         else:
-            steps.extend(_follow(now, policy, node, want, view, record, history, last_resolved.get(node)))
+            steps.extend(_follow(now, policy, node, want, view, record, history, last_resolved.get(node),
+                                 returns_rebooted))
     return steps
 
 
@@ -228,8 +234,8 @@ def _take(node: str, want: Wanted, view: NodeView | None, history: History, poli
 def _adopt(node: str, view: NodeView, want: Wanted | None) -> Step:
     """A node drained with this service's marker, its phase read back from the reason it wrote."""
     words = view.reason.removeprefix(MARKER).split()
-    action = words[0] if words and words[0] in _PHASE_OF else "drain"
-    phase = _PHASE_OF[action]
+    word = words[0] if words and words[0] in _PHASE_OF else "drain"
+    phase, action = _PHASE_OF[word], "reboot" if word == "rebooted" else word
     if action == "reboot" and view.state == "down" and not view.rebooting:
         phase = "rebooted"
     return Step(node, "adopt", "drained by this service before", phase=phase, action=action, reason=view.reason,
@@ -237,14 +243,21 @@ def _adopt(node: str, view: NodeView, want: Wanted | None) -> Step:
 
 
 def _follow(now: float, policy: Policy, node: str, want: Wanted | None, view: NodeView | None,
-            record: Record, history: History, resolved_at: float | None) -> list[Step]:
+            record: Record, history: History, resolved_at: float | None, returns_rebooted: bool) -> list[Step]:
     """A node in this service's care."""
     fp = want.fingerprints if want else ()
     if view is None:
         return [Step(node, "release", "the scheduler no longer lists it")]
     rebooting = record.phase in ("reboot_wait", "rebooting")
     if rebooting and REBOOT_TIMED_OUT in view.reason.lower():
-        return [_hold(node, record, f"the reboot did not complete (Slurm: {view.reason[:80]})")]
+        return [_hold(node, record, "the reboot did not complete: the scheduler gave up on it (ResumeTimeout)")]
+    rebooted = (rebooting and view.started >= record.since > 0) or (record.phase == "rebooted" and returns_rebooted)
+    if rebooted and not view.out_of_service and not view.ours:
+        # Slurm's ReturnToService=2 returns a rebooted node as soon as it registers, nextstate=DOWN or
+        # not: not this service's return. Taken back until the quiet period and the GPU check pass.
+        why = "the scheduler returned it after its reboot (ReturnToService=2): taken back for its checks"
+        return [Step(node, "drain", why, phase="rebooted", action=record.action,
+                     reason=f"{MARKER} rebooted and held for its checks (the scheduler returned it)", gpus=record.gpus)]
     if not view.ours and not (rebooting and view.rebooting):
         # A person resumed it or wrote their own reason: theirs now.
         return [Step(node, "release", f"taken over by someone else ({view.reason or view.state})")]

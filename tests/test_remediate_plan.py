@@ -169,9 +169,12 @@ def test_a_reboot_that_never_completes_is_held_after_reboot_timeout() -> None:
     [held] = steps([], issued, rebooting, now=600.0 + 1801, policy=policy)
     assert (held.kind, held.phase) == ("hold", "held") and "reboot_timeout" in held.reason
     # Slurm gave up first (ResumeTimeout): its own reason replaced ours, and the node is still ours to hold.
-    timed_out = idle(gpu003=NodeView("gpu003", "down", frozenset(), "reboot timed out"))
+    # Slurm 22.05 appends to our reason (tests/test_slurm_reboot_behaviour.py).
+    slurms = "gpunode: reboot X : reboot issued : reboot timed out"
+    timed_out = idle(gpu003=NodeView("gpu003", "down", frozenset(), slurms))
     [held] = steps([], timed_out, rebooting, now=700.0, policy=policy)
-    assert (held.kind, held.phase) == ("hold", "held") and "Slurm: reboot timed out" in held.reason
+    assert (held.kind, held.phase) == ("hold", "held") and "the scheduler gave up on it" in held.reason
+    assert "reboot timed out" not in held.reason  # Slurm would replace a reason holding its own words
 
 
 def test_nodes_outside_include_and_exclude_are_left_alone_and_not_counted() -> None:
@@ -208,3 +211,23 @@ def test_nodes_in_care_at_once_are_capped_held_nodes_included() -> None:
 def test_a_pause_blocks_new_drains_with_the_persons_reason() -> None:
     [block] = steps([xid79()], history=History(breaker_open=True, paused="switch maintenance"))
     assert (block.kind, block.why) == ("block", "paused by a person (switch maintenance)")
+
+
+def test_a_node_the_scheduler_returns_after_its_reboot_is_taken_back_and_a_persons_resume_is_not() -> None:
+    """ReturnToService=2: back IDLE with no reason once its slurmd (started after the reboot call) registers."""
+    record = {"gpu003": Record("gpu003", "reboot_wait", "reboot", "x", 500.0)}
+    returned = idle(gpu003=NodeView("gpu003", "idle", started=560.0))
+    [step] = steps([], returned, record)
+    assert (step.kind, step.phase, step.new_drain) == ("drain", "rebooted", False)
+    assert step.reason.startswith("gpunode: rebooted")
+    [adopted] = steps([], idle(gpu003=NodeView("gpu003", "idle", frozenset({"drain"}), step.reason)))
+    assert (adopted.kind, adopted.phase) == ("adopt", "rebooted")  # after a restart: the same phase
+    resumed = idle(gpu003=NodeView("gpu003", "idle", started=400.0))  # its slurmd older than the reboot call
+    [step] = steps([], resumed, record)
+    assert step.kind == "release"
+    # Rebooted, waiting for its checks, and back in service: a person's resume, unless the scheduler
+    # is known to return rebooted nodes itself.
+    done = {"gpu003": Record("gpu003", "rebooted", "reboot", "x", 600.0)}
+    assert [s.kind for s in steps([], returned, done)] == ["release"]
+    [step] = plan(1000.0, POLICY, returned, {}, {}, done, History(), returns_rebooted=True)
+    assert (step.kind, step.phase) == ("drain", "rebooted")

@@ -489,3 +489,43 @@ def test_a_dry_run_leaves_the_enforced_budget_and_breaker_clean(
     svc.configure(mode="enforce").start()
     wait("two real drains", lambda: sum("DRAIN" in flags(n) for n in cluster.all_nodes()) == 2)
     assert "the state file was a dry run's" in svc.log.read_text()
+
+
+@pytest.fixture(scope="module")
+def rts2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """ReturnToService=2 (a rebooted node returns as soon as it registers), gpu043's reboot never completing."""
+    yield from slurm_cluster(tmp_path_factory, nodes=("gpu041", "gpu042", "gpu043"), return_to_service=2,
+                             stuck_reboots=("gpu043",))
+
+
+def test_a_node_slurm_returns_after_its_reboot_is_taken_back_until_its_checks_pass(
+        tmp_path: Path, rts2: SlurmCluster, exporter: str) -> None:
+    svc = Service(tmp_path, rts2, exporter, quiet_period="4s").start()
+    try:
+        starts = time.time() - 60
+        requests.post(f"{svc.url}/alerts", data=notification(xid79("gpu041", starts=starts)),
+                      timeout=10).raise_for_status()
+        back = rts2.wait_state("gpu041", lambda n: n.get("Reason", "").startswith("gpunode: rebooted"), timeout=60)
+        assert "DRAIN" in flags(back) and rts2.reboots("gpu041") == 1
+        assert "the scheduler returned it after its reboot (ReturnToService=2)" in svc.log.read_text()
+        resolved = notification(xid79("gpu041", "resolved", starts=starts, ends=time.time()))
+        requests.post(f"{svc.url}/alerts", data=resolved, timeout=10).raise_for_status()
+        rts2.wait_state("gpu041", lambda n: flags(n) == {"IDLE"}, timeout=30)
+        assert rts2.reboots("gpu041") == 1
+        check = svc.command("check")
+        assert "ReturnToService=2" in check.stdout and check.returncode == 0
+    finally:
+        svc.stop()
+
+
+def test_a_reboot_that_never_completes_holds_the_node_after_reboot_timeout(
+        tmp_path: Path, rts2: SlurmCluster, exporter: str) -> None:
+    svc = Service(tmp_path, rts2, exporter, reboot_timeout="5s").start()
+    try:
+        requests.post(f"{svc.url}/alerts", data=notification(xid79("gpu043", starts=time.time())),
+                      timeout=10).raise_for_status()
+        held = rts2.wait_state("gpu043", lambda n: "gpunode: hold" in n.get("Reason", ""), timeout=40)
+        assert held["Reason"].startswith("gpunode: hold reboot_timeout: the reboot not complete after ")
+        assert "gpu043  held" in svc.command("status").stdout
+    finally:
+        svc.stop()

@@ -54,6 +54,9 @@ class Commands:
     def resume(self, node: str) -> None:
         self._call("resume", node=node)
 
+    def returns_rebooted(self) -> bool:
+        return False  # the operator's reboot command keeps the node out until `resume`, as documented
+
     def requeue(self, job: str) -> None:
         if "requeue" not in self.templates:
             raise CommandError("no requeue command configured (scheduler.commands.requeue)")

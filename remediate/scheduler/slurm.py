@@ -5,6 +5,7 @@ reboots with the cluster's RebootProgram once idle, and stays down until this se
 from __future__ import annotations
 
 import re
+import time
 
 from remediate.command import run
 from remediate.plan import NodeView
@@ -38,7 +39,16 @@ def node_view(record: dict[str, str], jobs: tuple[str, ...] = ()) -> NodeView:
         state = state.rstrip("*")
         flags.add("not_responding")
     reason = record.get("Reason", "")
-    return NodeView(record.get("NodeName", ""), state, frozenset(flags), "" if reason == "(null)" else reason, jobs)
+    return NodeView(record.get("NodeName", ""), state, frozenset(flags), "" if reason == "(null)" else reason, jobs,
+                    _local_time(record.get("SlurmdStartTime", "")))
+
+
+def _local_time(text: str) -> float:
+    """Slurm's 2026-11-28T02:41:56 (the controller's local time) as Unix seconds; 0 for None or junk."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return 0.0
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -100,6 +110,17 @@ class Slurm:
             for host in hosts:
                 on.setdefault(host, []).append(job)
         return on
+
+    def return_to_service(self) -> int | None:
+        """slurm.conf's ReturnToService as slurmctld runs it (None when it says none)."""
+        for line in run([self.scontrol, "show", "config"], min(self.timeout, 10.0)).splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "ReturnToService" and value.strip().isdigit():
+                return int(value.strip())
+        return None
+
+    def returns_rebooted(self) -> bool:
+        return self.return_to_service() == 2
 
     def drain(self, node: str, reason: str) -> None:
         self._call("update", f"nodename={node}", "state=drain", f"reason={reason}")
