@@ -218,6 +218,7 @@ class Engine:
             self.log.warning("%s: %s (%r); taken back as %s", step.node, step.why, step.reason, step.phase)
         elif step.kind == "release":
             self.state.set_record(step.node, None, "", "", now, ())
+            self.state.release_alerts(step.node)  # theirs: the same episodes never take it back
             self.log.warning("%s: %s; no longer in this service's care", step.node, step.why)
         else:
             self._call(step, record, now)

@@ -59,6 +59,13 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     _rule("GpuRowRemapFailure", "hold", "row remapping failed: replace the GPU"),
     _rule("GpuRowRemapBanksExhausted", "hold", "a memory bank has no spare rows left"),
     _rule("GpuRowRemapUncorrectableIncrease", "hold", "uncorrectable row remaps rise"),
+    # Precursors: act before the loss (the report's gpu124 vanished with its job weeks after its
+    # trend showed). A hold lets the running job finish and takes no new one; a person replaces
+    # the part. GpuNodePrecursorMultiSignal has no rule: in the fleet replay (docs/remediation.md)
+    # draining on it took a node with no fault, spent the budget, and the breaker then left six
+    # real faults alone; it tells people instead.
+    _rule("GpuRowRemapCorrectableAcceleration", "hold", "correctable row remaps accelerate: replace the GPU"),
+    _rule("GpuXidRepeatedHardwareFaults", "hold", "hardware Xids repeat on this node: diagnose it"),
     _rule("GpuNodeClockThrottled", "drain", _STRAGGLER),
     _rule("GpuNvLinkDegraded", "drain", _STRAGGLER),
     _rule("GpuNodeFabricLinkErrors", "drain", _STRAGGLER),

@@ -116,8 +116,9 @@ class State:
                         if alert.starts_at < starts - 1e-3:
                             continue  # an older episode
                         same = abs(alert.starts_at - starts) <= 1e-3
-                        if same and (status == "resolved" or alert.status == status):
-                            continue  # repeated, or firing after resolved
+                        if same and (alert.status == status or status == "resolved"
+                                     or (status == "released" and alert.status == "firing")):
+                            continue  # repeated, firing after resolved, or firing while a person has the node
                     # When it resolved: as Alertmanager says, never later than now.
                     ends = min(alert.ends_at or now, now) if alert.status == "resolved" else None
                     self.db.execute(
@@ -143,8 +144,13 @@ class State:
                                "AND node IS NOT NULL GROUP BY node"))
 
     def forget_alerts(self, before: float) -> int:
-        """Resolved alerts older than any window that reads them."""
-        return self._write("DELETE FROM alerts WHERE status = 'resolved' AND ends_at < ?", before)
+        """Resolved alerts older than any window that reads them (released ones by when they came)."""
+        return self._write("DELETE FROM alerts WHERE (status = 'resolved' AND ends_at < ?) "
+                           "OR (status = 'released' AND received_at < ?)", before, before)
+
+    def release_alerts(self, node: str) -> int:
+        """A person took the node: its firing episodes no longer ask for anything (a new one will)."""
+        return self._write("UPDATE alerts SET status = 'released' WHERE node = ? AND status = 'firing'", node)
 
     # Nodes in the service's care
 

@@ -68,7 +68,10 @@ def _routes(labels: dict[str, str], config: Path = CONFIG) -> str:
     ({"severity": "info", "alertname": "CheckpointIntervalTooLong"}, "tickets"),
     ({"severity": "critical", "alertname": "GpuNodeExporterDown"}, "pager"),
     # An `action` label alone does not route to the service (the old action-based route did).
-    ({"severity": "warning", "action": "RESTART_BM", "alertname": "GpuXidRepeatedHardwareFaults"}, "chat"),
+    ({"severity": "warning", "action": "RESTART_BM", "alertname": "GpuNodeGpuVisibilityMismatch"}, "chat"),
+    # The precursors the service acts on before the loss.
+    ({"severity": "warning", "alertname": "GpuXidRepeatedHardwareFaults"}, f"{SERVICE},chat"),
+    ({"severity": "warning", "alertname": "GpuRowRemapCorrectableAcceleration"}, f"{SERVICE},chat"),
     # Alertmanager anchors the regex: a name that merely contains one of the service's is not one.
     ({"severity": "critical", "alertname": "GpuDownstream"}, "pager"),
     ({"alertname": "Unlabelled"}, "tickets"),

@@ -89,15 +89,23 @@ def test_the_open_breaker_blocks_a_real_fault_after_the_storm() -> None:
 
 def test_an_application_xid_and_alerts_without_a_rule_do_nothing() -> None:
     firing = [episode("GpuXidApplicationFault", "gpu013", 600, 1500, xid="94", action="RESTART_APP", gpu="1"),
-              episode("GpuNodePrecursorMultiSignal", "gpu013", 300, 900),
-              episode("GpuRowRemapCorrectableAcceleration", "gpu013", 0, 7200, gpu="1")]
+              episode("GpuNodeGpuVisibilityMismatch", "gpu013", 300, 900)]
     result = replay(firing, NODES, POLICY, T, T + 3 * 3600)
     assert (result.timeline, result.out, result.breaker) == ({}, {}, None)
     assert [f.alertname for f in result.sent] == ["GpuXidApplicationFault"]  # routed, but its rule is "none"
     [outcome] = score(result, [Truth("correctable_acceleration", "gpu013", T + 7200, T, T + 10800)], firing).faults
     assert outcome.taken is None and not outcome.blocked
-    assert outcome.unruled == ("GpuNodePrecursorMultiSignal", "GpuRowRemapCorrectableAcceleration",
-                               "GpuXidApplicationFault")
+    assert outcome.unruled == ("GpuNodeGpuVisibilityMismatch", "GpuXidApplicationFault")
+
+
+def test_a_precursor_holds_the_node_before_the_loss() -> None:
+    """The report's gpu124: correctable remaps accelerate for days before the GPU is lost."""
+    firing = [episode("GpuRowRemapCorrectableAcceleration", "gpu013", 0, 7200, gpu="1")]
+    result = replay(firing, NODES, POLICY, T, T + 3 * 3600)
+    [event] = result.timeline["gpu013"]
+    assert (event.kind, event.phase, event.at) == ("hold", "held", T)
+    [outcome] = score(result, [Truth("correctable_acceleration", "gpu013", T + 7200, T, T + 10800)], firing).faults
+    assert outcome.taken is not None and outcome.delay is not None and outcome.delay < 0  # before the loss
 
 
 def test_a_straggler_is_drained_and_returned_after_the_quiet_period() -> None:

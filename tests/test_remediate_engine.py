@@ -267,3 +267,23 @@ def test_a_failed_validation_holds_the_node_with_the_checks_last_line(tmp_path: 
     assert "gpunode_remediate_return_seconds_count 1\n" in text
     assert 'gpunode_remediate_return_seconds_bucket{le="900.0"} 0\n' in text  # 901 s from drain to return
     assert 'gpunode_remediate_return_seconds_bucket{le="1800.0"} 1\n' in text
+
+
+def test_a_node_a_person_resumes_is_not_taken_back_for_the_same_episode(tmp_path: Path, cluster: Path) -> None:
+    """Held for a failed remap; a person resumes it (the alert still fires: the GPU is not replaced
+    yet, or they know better). The same episode never takes it back; a new one does."""
+    clock = Clock()
+    e = engine(tmp_path, cluster, clock)
+    failure = alert_json("GpuRowRemapFailure", "gpu007", gpu="1", starts=clock.now - 60)
+    deliver(e, failure, clock=clock)
+    assert calls(cluster) == ["drain gpu007 gpunode: hold GpuRowRemapFailure gpu=1"]
+    nodes = json.loads(cluster.read_text())
+    nodes["gpu007"] = {"state": "idle", "reason": ""}  # scontrol update nodename=gpu007 state=resume
+    cluster.write_text(json.dumps(nodes))
+    clock.now += 30
+    for _ in range(3):
+        deliver(e, failure, clock=clock)  # Alertmanager's repeats, and Alertmanager's list, say it fires
+    assert len(calls(cluster)) == 1 and "gpu007" not in e.state.records()
+    again = alert_json("GpuRowRemapFailure", "gpu007", gpu="1", starts=clock.now)  # a new episode
+    deliver(e, {**again, "fingerprint": failure["fingerprint"]}, clock=clock)
+    assert calls(cluster)[1:] == ["drain gpu007 gpunode: hold GpuRowRemapFailure gpu=1"]
