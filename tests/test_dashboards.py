@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -169,6 +170,9 @@ def test_every_metric_and_label_exists() -> None:
     own labels and the targets' (job, node, peer group)."""
     specs = {s.name: s for s in EXPORTER_METRICS} | {s.name: s for c in COLLECTORS.values() for s in c.metrics} \
         | {s.name: s for s in REMEDIATE_METRICS}
+    # A histogram is read by its samples: _bucket (with le), _sum, _count.
+    specs |= {s.name + suffix: replace(s, labels=(*s.labels, "le") if suffix == "_bucket" else s.labels)
+              for s in list(specs.values()) if s.kind == "histogram" for suffix in ("_bucket", "_sum", "_count")}
     recorded = set(Lineage.of(SPEC).records)
     target_labels = {"job", SPEC["labels"]["node"], *SPEC["labels"]["peer_group"]}
     for board in BOARDS.values():

@@ -180,16 +180,27 @@ def remediation(b: Board) -> None:
         "1": model.ValueMappingResult(text="OPEN", color="red", index=1)})])
     b.panel(breaker, "Remediation circuit breaker",
             "Open while gpunode-remediate drains no new node: a drain was due with its budget spent (more nodes "
-            "alerted within its budget window than the budget allows, which is more often one cause than many "
-            "faults). A person closes it with `gpunode-remediate breaker reset` once the cause is found; "
-            f"GpuRemediationBreakerOpen pages meanwhile ({runbook}).", "short",
+            "alerted within its budget window than the budget allows, or more in its care at once than "
+            "budget.in_care, which is more often one cause than many faults), or a person paused it "
+            "(`breaker open --reason`: no action at all; gpunode_remediate_breaker_info has the reason). A person "
+            "closes it with `gpunode-remediate breaker reset` once the cause is found; "
+            f"GpuRemediationBreakerOpen pages meanwhile, unless paused ({runbook}).", "short",
             [Query(f"max({b.q('gpunode_remediate_breaker_open')})")], width=6)
     b.panel(stat_panel(), "Remediation drain budget: used and allowed",
             "Nodes gpunode-remediate drained within its policy's budget.window (24 h by default), against the "
-            "nodes it may drain in it: budget.fraction of the nodes the scheduler lists, at least budget.minimum. "
-            "The next drain past the budget opens the circuit breaker.", "short",
+            "nodes it may drain in it: budget.fraction of the counted nodes (those nodes.include/exclude select, "
+            "less those out of service by someone else), at least budget.minimum, at most budget.maximum. The "
+            "next drain past the budget opens the circuit breaker.", "short",
             [Query(f"max({b.q('gpunode_remediate_budget_used_nodes')})", "drained"),
              Query(f"max({b.q('gpunode_remediate_budget_nodes')})", "budget")], width=6)
+    returns = b.q("gpunode_remediate_return_seconds_bucket")
+    b.panel(time_series(), "Time to return to service",
+            "From a node's drain by gpunode-remediate to its return, for the nodes returned in the last 24 h: the "
+            "median and the 90th percentile. It takes the quiet period after the alerts resolve, the wait for "
+            "jobs to end before a reset or reboot, the reboot, and the checks; a node held for a person is not "
+            "counted until a person resumes it.", "s",
+            [Query(f"histogram_quantile({q}, sum by (le) (increase({returns}[1d])))", label)
+             for q, label in (("0.5", "p50"), ("0.9", "p90"))], width=12)
     b.panel(time_series(), "Nodes in remediation by phase",
             "Nodes in gpunode-remediate's care: drained (back once their alerts have been resolved for the quiet "
             "period), waiting for a GPU reset or a reboot once idle and after it, and held for a person, which "
