@@ -154,6 +154,19 @@ class SlurmCluster:
             ours |= more
         return ours - {os.getpid()}
 
+    def stop_controller(self) -> None:
+        """slurmctld stopped as for maintenance (SIGTERM: it saves its state first); munged, the slurmds and
+        their jobs run on, and every client call fails until start_controller()."""
+        proc = next(p for p in self._daemons if p.args[0] == _tool("slurmctld") and p.poll() is None)
+        proc.terminate()
+        proc.wait(timeout=60)
+
+    def start_controller(self) -> None:
+        """slurmctld again, as at start (same slurm.conf and StateSaveLocation): it recovers its nodes and
+        jobs, and the slurmds, still running, answer its pings and register again."""
+        self._spawn("slurmctld", [_tool("slurmctld"), "-D", "-i"])
+        self._wait(lambda: "is UP" in self.scontrol("ping", timeout=5).stdout, "slurmctld to answer", 30)
+
     def run(self, *cmd: str, timeout: float = 30, check: bool = False) -> subprocess.CompletedProcess[str]:
         return subprocess.run(list(cmd), env=self.env, cwd=self.base, capture_output=True, text=True,
                               timeout=timeout, check=check)
