@@ -529,3 +529,20 @@ def test_a_reboot_that_never_completes_holds_the_node_after_reboot_timeout(
         assert "gpu043  held" in svc.command("status").stdout
     finally:
         svc.stop()
+
+
+def test_excluded_nodes_are_never_touched_and_the_absolute_cap_holds(
+        cluster: SlurmCluster, service: Callable[..., Service], alertmanager: Callable[..., Alertmanager]) -> None:
+    """Login-like nodes excluded (and not counted), a budget of 100 % capped at 2 drains a day."""
+    svc = service(nodes={"exclude": "gpu03[0-9]|gpu040"}, budget={"fraction": 1.0, "maximum": 2, "in_care": 1.0})
+    svc.start()
+    am = alertmanager(svc)
+    am.post(*(alert_json("GpuNodeHostStarved", node, starts=time.time() - 100 + n)
+              for n, node in enumerate(("gpu035", "gpu017", "gpu018", "gpu019"))))
+    wait("the breaker", lambda: svc.metrics()["gpunode_remediate_breaker_open"][()] == 1)
+    time.sleep(2)
+    drained = sorted(n["NodeName"] for n in cluster.all_nodes() if "DRAIN" in flags(n))
+    assert drained == ["gpu017", "gpu018"]
+    m = svc.metrics()
+    assert m["gpunode_remediate_counted_nodes"][()] == 29 and m["gpunode_remediate_budget_nodes"][()] == 2
+    assert "gpu035  left alone since" in svc.command("status").stdout
