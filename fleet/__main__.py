@@ -58,16 +58,26 @@ def _dump(path: Path, run: harness.Run, s: score.Score) -> None:
     path.write_text(json.dumps([{**asdict(f), "false": id(f) in false} for f in run.firing], indent=1))
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m fleet", description=__doc__)
-    parser.add_argument("--scenario", action="append", help="fleet/scenarios/NAME.yaml or a file (default: standard)")
-    parser.add_argument("--backend", action="append", choices=harness.BACKENDS)
+    parser.add_argument("--scenario", action="append", metavar="NAME|FILE",
+                        help="fleet/scenarios/NAME.yaml or a scenario file (docs/fleet.md); repeat it for several "
+                        "scenarios, each run in turn (default: standard)")
+    parser.add_argument("--backend", action="append", choices=harness.BACKENDS,
+                        help="the backend that stores the series and runs the rules through vmalert's replay; "
+                        "repeat it for both (default: both, prometheus then victoriametrics)")
     parser.add_argument("--spec", type=Path, help="spec overrides, as for `rules render --spec`")
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/gpunode-fleet"))
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/gpunode-fleet"),
+                        help="where each run keeps its backend's data, rules, logs and alerts.json, in "
+                        "SCENARIO/BACKEND/ (default: /tmp/gpunode-fleet)")
     parser.add_argument("--out", type=Path, help="write the results table here (e.g. docs/fleet-results.md)")
     parser.add_argument("--remediation", action="store_true",
                         help="also replay each run's alerts through gpunode-remediate's policy (fleet/remediation.py)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     sections = []
     for name in args.scenario or ["standard"]:
         sc = scenario.load(name)

@@ -4,6 +4,7 @@ and the scorer, without a backend."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -178,3 +179,13 @@ def test_a_run_refuses_a_server_it_did_not_start(tmp_path: Path) -> None:
     finally:
         other.terminate()
         other.wait(20)
+
+
+def test_every_flag_of_the_harness_says_what_it_does() -> None:
+    from fleet.__main__ import build_parser
+
+    actions = [a for a in build_parser()._actions if a.option_strings]
+    assert {a.option_strings[-1] for a in actions} >= {"--scenario", "--backend", "--workdir", "--remediation"}
+    assert [a.option_strings for a in actions if not a.help] == []
+    repeats = [a.option_strings[-1] for a in actions if isinstance(a, argparse._AppendAction)]
+    assert all("repeat" in a.help for a in actions if a.option_strings[-1] in repeats), repeats
