@@ -143,9 +143,10 @@ def drain_reason(action: str, want: Wanted, extra: str = "") -> str:
 
 def counted(policy: Policy, views: Mapping[str, NodeView]) -> int:
     """The nodes the budget is a share of: those the policy selects, less those out of service by
-    someone else (down, drained by a person): a fleet half down does not double the budget."""
-    return sum(1 for name, view in views.items()
-               if policy.nodes.selects(name) and (view.ours or not view.out_of_service))
+    someone else (down, drained by a person): a fleet half down does not double the budget. A node
+    in state unknown counts: every node is, for seconds after the controller restarts."""
+    return sum(1 for name, view in views.items() if policy.nodes.selects(name)
+               and (view.ours or view.state == "unknown" or not view.out_of_service))
 
 
 def plan(now: float, policy: Policy, views: Mapping[str, NodeView], firing: Mapping[str, Sequence[Alert]],

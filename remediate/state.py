@@ -207,8 +207,12 @@ class State:
                                   f"({marks}) AND started_at >= ? GROUP BY node", *done,
                                   now - policy.reboot_repeat_window))
         breaker = self.breaker(policy.mode)
-        used = self._rows(f"SELECT COUNT(DISTINCT node) FROM actions WHERE new_drain = 1 AND status IN ({marks}) "
-                          "AND started_at >= ?", *done, max(now - policy.budget.window, breaker.budget_from))[0][0]
+        # The budget counts every drain tried: one that timed out, or was cut short by a restart, may
+        # have taken effect all the same.
+        tried = (*done, "failed", "interrupted", "pending") if policy.enforce else done
+        used = self._rows(f"SELECT COUNT(DISTINCT node) FROM actions WHERE new_drain = 1 AND status IN "
+                          f"({','.join('?' * len(tried))}) AND started_at >= ?", *tried,
+                          max(now - policy.budget.window, breaker.budget_from))[0][0]
         requeues = {job: (count, last) for job, count, last in self._rows(
             f"SELECT job, COUNT(*), MAX(started_at) FROM actions WHERE kind = 'requeue' AND status IN ({marks}) "
             "GROUP BY job", *done)}

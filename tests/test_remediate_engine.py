@@ -5,6 +5,7 @@ notifications never double an action; a restart resumes where the last run stopp
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -287,3 +288,21 @@ def test_a_node_a_person_resumes_is_not_taken_back_for_the_same_episode(tmp_path
     again = alert_json("GpuRowRemapFailure", "gpu007", gpu="1", starts=clock.now)  # a new episode
     deliver(e, {**again, "fingerprint": failure["fingerprint"]}, clock=clock)
     assert calls(cluster)[1:] == ["drain gpu007 gpunode: hold GpuRowRemapFailure gpu=1"]
+
+
+def test_a_drain_that_timed_out_counts_against_the_budget(tmp_path: Path, cluster: Path) -> None:
+    """The scheduler carried the drain out but answered too late: it may have taken effect, so it
+    counts. With a budget of 2 (5 % of 40), a third node is not drained."""
+    clock = Clock()
+    argv = [sys.executable, str(tmp_path / "sched.py"), str(cluster)]
+    slow = tmp_path / "drain-slowly"
+    slow.write_text(f'#!/bin/sh\n{shlex.join(argv)} drain "$1" "$2"\n[ "$1" = gpu001 ] && sleep 5\nexit 0\n')
+    slow.chmod(0o755)
+    e = engine(tmp_path, cluster, clock, scheduler={"kind": "commands", "timeout": "1s", "retries": 0, "commands": {
+        "nodes": [*argv, "nodes"], "drain": [str(slow), "{node}", "{reason}"],
+        "resume": [*argv, "resume", "{node}"], "reboot": [*argv, "reboot", "{node}", "{reason}"]}})
+    for n in (1, 2, 3):
+        deliver(e, alert_json("GpuNvLinkDegraded", f"gpu00{n}", starts=clock.now - 100 + n), clock=clock)
+    assert e.actions[("drain", "failed")] == 1 and e.actions[("drain", "done")] == 1
+    assert [c.split()[1] for c in calls(cluster)] == ["gpu001", "gpu002"]
+    assert e.state.breaker("enforce").open and e.state.history(e.policy, clock.now).budget_used == 2

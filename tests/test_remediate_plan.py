@@ -185,6 +185,9 @@ def test_nodes_outside_include_and_exclude_are_left_alone_and_not_counted() -> N
     # Nodes already down by someone else are no part of the fleet the budget is a share of.
     down = {n: NodeView(n, "down", frozenset(), "Not responding") for n in NODES[10:30]}
     assert counted(build({}), idle(**down)) == 20
+    # For seconds after slurmctld restarts every node is UNKNOWN: the budget must not collapse to 1.
+    unknown = {n: NodeView(n, "unknown", frozenset({"not_responding"})) for n in NODES}
+    assert counted(build({}), unknown) == 40
 
 
 def test_the_budget_has_an_absolute_maximum() -> None:
