@@ -1,0 +1,478 @@
+"""The soak's run: alert episodes in the default rules' mix on a real Slurm cluster, the faults at
+seeded moments, the scripted parts (a reboot that never completes, an operator who resumes a node
+mid-reset, one who drains a node in the service's care), the people who close an open breaker and
+fix held nodes, and at the end every alert resolved and the cluster left to settle."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from demo.slurm import SlurmCluster, _tool
+from remediate.scheduler.slurm import fields
+from remediate.state import State
+from remediate_soak_bench.episodes import Episode, draw, scripted
+from remediate_soak_bench.rig import (
+    Alertmanager,
+    DroppingProxy,
+    PrometheusSender,
+    Service,
+    reset_command,
+    snapshot_sources,
+    write_scontrol_wrapper,
+)
+
+# The compressed clock: the policy's minutes and hours as seconds.
+QUIET = 4.0  # quiet_period (15 min)
+STALE = 5.0  # alertmanager.stale_after (10 min)
+IDLE_TIMEOUT = 40.0  # (24 h)
+REBOOT_TIMEOUT = 30.0  # (30 min)
+SCHEDULER_TIMEOUT = 5.0  # scheduler.timeout (30 s)
+WINDOW = 40.0  # budget.window (24 h)
+RESEND = 2.0  # Prometheus' resend_delay (1 min): well inside stale_after, as 1 min is inside 10
+KEEP_RESOLVED = 15.0  # Prometheus goes on sending a resolved alert (15 min)
+SETTLE = QUIET + STALE + 2  # an episode's node rests this long after it resolved before its next
+CREW_DELAY = 15.0  # a held node is fixed and resumed by a person this long after it was held
+BREAKER_DELAY = 8.0  # a person closes an open circuit breaker this long after it opened
+SETTLE_TIMEOUT = 90.0  # at the end, every node final by then, or stuck
+OPERATOR_PATIENCE = 45.0  # an operator's scripted part not begun by then is tried on another node
+IN_SERVICE = {"IDLE", "ALLOCATED", "MIXED", "COMPLETING"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    base: Path
+    nodes: int = 30
+    minutes: float = 20.0
+    seed: int = 1
+    episodes_per_minute: float = 0.0  # 0: a fifth of the nodes a minute
+
+    @property
+    def seconds(self) -> float:
+        return self.minutes * 60
+
+    @property
+    def rate(self) -> float:
+        return self.episodes_per_minute or self.nodes / 5
+
+    @property
+    def outage(self) -> float:
+        """How long slurmctld stays stopped: about a minute in a long run, less in a short one."""
+        return min(60.0, max(8.0, 3 * self.minutes))
+
+    def fault_counts(self) -> dict[str, int]:
+        return {"service_kill": math.ceil(0.6 * self.minutes), "alertmanager_restart": math.ceil(self.minutes / 6),
+                "controller_stop": math.ceil(self.minutes / 9)}
+
+
+def policy(base: Path, wrapper: Path, alertmanager: str) -> dict[str, Any]:
+    return {"mode": "enforce", "state_path": str(base / "state.db"), "interval": "1s", "quiet_period": f"{QUIET:g}s",
+            "scheduler": {"kind": "slurm", "scontrol": str(wrapper), "timeout": f"{SCHEDULER_TIMEOUT:g}s"},
+            "alertmanager": {"url": alertmanager, "interval": "1s", "stale_after": f"{STALE:g}s"},
+            "idle_timeout": f"{IDLE_TIMEOUT:g}s", "reboot_timeout": f"{REBOOT_TIMEOUT:g}s",
+            "health_check": {"enabled": False}, "reset_command": reset_command(base / "resets.log"),
+            "budget": {"fraction": 0.25, "window": f"{WINDOW:g}s", "in_care": 0.5},
+            "repeat_offender": {"drains": 3, "window": "3m"}, "reboot_repeat_window": "3m"}
+
+
+@dataclass(order=True)
+class Fault:
+    at: float  # seconds after the start
+    kind: str
+    back_after: float  # seconds until what was stopped starts again
+
+
+def plan_faults(settings: Settings, rng: random.Random) -> list[Fault]:
+    """Each kind's faults spread over the middle 80 % of the run, one in each equal slot, at a random moment."""
+    faults = []
+    for kind, count in settings.fault_counts().items():
+        slot = 0.8 * settings.seconds / count
+        for n in range(count):
+            back = {"service_kill": rng.uniform(0.5, 3), "alertmanager_restart": rng.uniform(1, 3),
+                    "controller_stop": settings.outage}[kind]
+            at = 0.1 * settings.seconds + n * slot + rng.uniform(0, max(0.0, slot - back - 5))
+            faults.append(Fault(at, kind, back))
+    return sorted(faults)
+
+
+@dataclass
+class Run:
+    """What the run did, for checks.py: with the logs, the whole story."""
+
+    settings: Settings
+    base: Path
+    nodes: list[str]
+    roles: dict[str, str]  # node -> stuck_reboot, operator_resume, operator_drain
+    policy: dict[str, Any]
+    started: float = 0.0
+    driven: float = 0.0  # the driver stopped: every alert resolved from here
+    finished: float = 0.0  # the settling ended
+    episodes: list[Episode] = field(default_factory=list)
+    faults: list[tuple[float, str, str]] = field(default_factory=list)  # (time, kind, detail)
+    person_took: list[tuple[float, str, str]] = field(default_factory=list)  # (time, node, what the person did)
+    # (time, gpunode_remediate_budget_nodes, gpunode_remediate_counted_nodes) every scrape
+    budget_seen: list[tuple[float, float, float]] = field(default_factory=list)
+    breaker_resets: list[float] = field(default_factory=list)  # budget_from of each `breaker reset`
+    seen: dict[str, list[tuple[float, str, str]]] = field(default_factory=dict)  # node -> (time, State, Reason)
+    final: dict[str, tuple[str, str]] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def calls(self) -> Path:
+        return self.base / "scontrol-calls.log"
+
+    @property
+    def resets(self) -> Path:
+        return self.base / "resets.log"
+
+    @property
+    def service_log(self) -> Path:
+        return self.base / "service.log"
+
+
+def in_service(node: dict[str, str]) -> bool:
+    return set(node.get("State", "").split("+")) <= IN_SERVICE and not node.get("Reason")
+
+
+class Soak:
+    def __init__(self, run: Run, cluster: SlurmCluster, service: Service, alertmanager: Alertmanager,
+                 sender: PrometheusSender) -> None:
+        self.run, self.cluster, self.service, self.am, self.sender = run, cluster, service, alertmanager, sender
+        seed = run.settings.seed
+        self.rng = random.Random(f"episodes-{seed}")
+        self.view: dict[str, dict[str, str]] = {}
+        self.looked_at = 0.0  # the last try to look at the nodes
+        self.viewed_at = 0.0  # the last look that Slurm answered: self.view is as of then
+        self.active: dict[str, Episode] = {}  # node -> its episode, until the driver moves on
+        self.held_since: dict[str, float] = {}
+        self.events: list[tuple[float, int, str, Callable[[], None]]] = []
+        self.order = itertools.count()  # ties in the timeline keep their order
+        self.restarts: list[Callable[[], None]] = []  # what a fault stopped, to start at the end if still due
+        self.controller_down = False
+        self.breaker_reset_due: float | None = None
+        self.next_episode = 0.0
+        self.resolving: set[int] = set()  # scripted episodes whose resolution is on the timeline
+        self.log = (run.base / "driver.log").open("a")
+
+    # The timeline
+
+    def at(self, when: float, what: str, action: Callable[[], None]) -> None:
+        heapq.heappush(self.events, (when, next(self.order), what, action))
+
+    def say(self, what: str) -> None:
+        self.log.write(f"{time.time():.3f} {what}\n")
+        self.log.flush()
+
+    def drive(self) -> None:
+        run = self.run
+        run.started = time.time()
+        end = run.started + run.settings.seconds
+        for fault in plan_faults(run.settings, random.Random(f"faults-{run.settings.seed}")):
+            self.at(run.started + fault.at, fault.kind, self._fault(fault))
+        stuck = next(n for n, role in run.roles.items() if role == "stuck_reboot")
+        self.at(run.started + 2, "stuck reboot", lambda: self._start(scripted(self._number(), stuck, "stuck_reboot",
+                                                                              run.settings.seconds)))
+        for share, role in ((0.25, "operator_resume"), (0.4, "operator_drain")):
+            self.at(run.started + share * run.settings.seconds, role, lambda r=role: self._operator_part(r))
+        self.next_episode = run.started + 5
+        while (now := time.time()) < end:
+            self._tick(now)
+            time.sleep(0.2)
+        run.driven = time.time()
+        self._finish()
+
+    def _tick(self, now: float) -> None:
+        while self.events and self.events[0][0] <= now:
+            _, _, what, action = heapq.heappop(self.events)
+            self.say(what)
+            action()
+        if now - self.looked_at >= 1:
+            self._observe(now)
+            self._scrape(now)
+            self._revive(now)
+        if now >= self.next_episode:
+            self._new_episode()
+            self.next_episode = now + self.rng.expovariate(self.run.settings.rate / 60)
+        for episode in list(self.active.values()):
+            self._follow(episode, now)
+        if self.breaker_reset_due is not None and now >= self.breaker_reset_due:
+            self._close_breaker()
+
+    def _number(self) -> int:
+        return len(self.run.episodes) + 1
+
+    # Looking, as an operator's dashboard would
+
+    def _observe(self, now: float) -> None:
+        self.looked_at = now
+        if self.controller_down:
+            return
+        out = self.cluster.scontrol("-o", "show", "node", timeout=5)
+        if out.returncode != 0:
+            return
+        self.viewed_at = now
+        for line in out.stdout.splitlines():
+            if line.startswith("NodeName="):
+                node = fields(line)
+                name, state, reason = node["NodeName"], node.get("State", ""), node.get("Reason", "")
+                timeline = self.run.seen.setdefault(name, [])
+                if not timeline or timeline[-1][1:] != (state, reason):
+                    timeline.append((now, state, reason))
+                self.view[name] = node
+
+    def _scrape(self, now: float) -> None:
+        if not self.service.up:
+            return
+        try:
+            gauges = self.service.gauges()
+        except (OSError, ValueError):  # requests' errors are OSErrors: the service died under us
+            return
+        self.run.budget_seen.append((now, gauges.get("gpunode_remediate_budget_nodes", 0.0),
+                                     gauges.get("gpunode_remediate_counted_nodes", 0.0)))
+        if gauges.get("gpunode_remediate_breaker_open") == 1 and self.breaker_reset_due is None:
+            self.breaker_reset_due = now + BREAKER_DELAY
+
+    def _revive(self, now: float) -> None:
+        """The service gone without a kill of ours is a failure of its own: noted, and started again."""
+        if not self.service.up and self.service.start not in self.restarts:
+            self.run.faults.append((now, "service_died", f"exit {self.service.proc.returncode}"))
+            self.say(f"the service died by itself (exit {self.service.proc.returncode}): started again")
+            self.service.start()
+
+    def _close_breaker(self) -> None:
+        """A person looks at why it opened and closes it (`breaker reset`): the budget's window starts again."""
+        self.breaker_reset_due = None
+        try:
+            still_open = self.service.gauges().get("gpunode_remediate_breaker_open") == 1
+        except (OSError, ValueError):  # the service down: the person comes back later
+            still_open = False
+        if not still_open:
+            return
+        said = self.service.command("breaker", "reset")
+        state = State(Path(self.run.policy["state_path"]), readonly=True)
+        try:
+            self.run.breaker_resets.append(state.breaker("enforce").budget_from)
+        finally:
+            state.close()
+        self.say(f"breaker reset: {said.stdout.strip()[:200]}")
+
+    # Episodes
+
+    def _eligible(self) -> list[str]:
+        return [n for n in self.run.nodes if n not in self.run.roles and n not in self.active
+                and self.view.get(n, {}).get("State") == "IDLE" and not self.view[n].get("Reason")]
+
+    def _new_episode(self) -> None:
+        if not (nodes := self._eligible()):
+            return
+        episode = draw(self.rng, self._number(), self.rng.choice(nodes), IDLE_TIMEOUT)
+        self._start(episode)
+
+    def _start(self, episode: Episode) -> None:
+        """A job first when the episode has one (the action waits for it), then the alert."""
+        self.run.episodes.append(episode)
+        self.active[episode.node] = episode
+        if episode.job_seconds and not self.controller_down:
+            submitted = self.cluster.run(_tool("sbatch"), "--parsable", f"--nodelist={episode.node}",
+                                         f"--partition={self.cluster.partition}", "--job-name=soak",
+                                         "--output=/dev/null", f"--wrap=sleep {episode.job_seconds:.0f}", timeout=10)
+            if submitted.returncode == 0:
+                self.at(time.time() + 1.5, f"fire {episode.id}", lambda: self._fire(episode))
+                return
+            episode.job_seconds = 0.0
+        self._fire(episode)
+
+    def _fire(self, episode: Episode) -> None:
+        episode.fired_at = time.time()
+        self.sender.fire(episode.id, episode.alert())
+        self.say(f"episode {episode.id}: {episode.alertname} {episode.labels} on {episode.node} ({episode.action}"
+                 f"{', false alarm' if episode.false_alarm else ''}{', job' if episode.job_seconds else ''})")
+
+    def _resolve(self, episode: Episode) -> None:
+        self.resolving.discard(episode.id)
+        if episode.resolved_at is None and episode.fired_at:
+            episode.resolved_at = time.time()
+            self.sender.resolve(episode.id, episode.ends_at())
+            self.say(f"episode {episode.id} resolved")
+
+    def _follow(self, episode: Episode, now: float) -> None:
+        node = self.view.get(episode.node, {})
+        if episode.role:
+            self._follow_scripted(episode, node, now)
+            return
+        if episode.fired_at and episode.resolved_at is None and now >= episode.fired_at + episode.firing_for:
+            self._resolve(episode)
+        if node.get("Reason", "").startswith("gpunode: hold"):
+            self.held_since.setdefault(episode.node, now)
+            if episode.resolved_at and now - self.held_since[episode.node] >= CREW_DELAY:
+                self._person(episode.node, "resume", "fixed what held it")  # the crew
+        else:
+            self.held_since.pop(episode.node, None)
+        if episode.resolved_at and now >= episode.resolved_at + SETTLE and self.viewed_at >= \
+                episode.resolved_at + SETTLE and in_service(node):
+            episode.closed_at = now
+            del self.active[episode.node]
+
+    def _person(self, node: str, what: str, why: str) -> None:
+        """A person's scontrol call, straight to Slurm: the node is theirs from now on."""
+        args = ["state=resume"] if what == "resume" else ["state=drain", f"reason=operator: {why}"]
+        self.run.person_took.append((time.time(), node, what))
+        done = self.cluster.scontrol("update", f"nodename={node}", *args, timeout=10)
+        self.held_since.pop(node, None)
+        self.say(f"a person: {what} {node} ({why}): exit {done.returncode} {done.stderr.strip()}")
+
+    # The scripted parts
+
+    def _operator_part(self, role: str) -> None:
+        """An episode on a node of its own, for an operator to take the node over at the right moment."""
+        if not (nodes := self._eligible()):
+            self.at(time.time() + 3, f"{role} again", lambda: self._operator_part(role))
+            return
+        node = self.rng.choice(nodes)
+        self.run.roles[node] = role
+        tries = f"{role}_nodes_tried"
+        self.run.counters[tries] = self.run.counters.get(tries, 0) + 1
+        episode = scripted(self._number(), node, role, self.run.settings.seconds)
+        if role == "operator_resume":  # a job outlasting the run: the reset waits for it
+            episode.job_seconds = self.run.settings.seconds + 300
+        self._start(episode)
+
+    def _follow_scripted(self, episode: Episode, node: dict[str, str], now: float) -> None:
+        """The stuck node's alert resolves once the service holds it; an operator takes their node over
+        as soon as the service has it (mid-reset: drained, its job still running; or drained) and the
+        alert resolves 6 s later."""
+        reason, state = node.get("Reason", ""), set(node.get("State", "").split("+"))
+        if not episode.fired_at or episode.resolved_at is not None or episode.id in self.resolving:
+            return
+        if episode.role == "stuck_reboot":
+            if reason.startswith("gpunode: hold"):
+                self._resolve_at(episode, now + 2)
+        elif episode.role == "operator_resume" and "DRAIN" in state and reason.startswith("gpunode: reset") \
+                and state & {"ALLOCATED", "MIXED"}:
+            self._person(episode.node, "resume", "mid-reset: the job matters more")
+            self._resolve_at(episode, now + 6)
+        elif episode.role == "operator_drain" and "DRAIN" in state and reason.startswith("gpunode: drain"):
+            self._person(episode.node, "drain", "reseating the NVLink bridge, ticket 4711")
+            self._resolve_at(episode, now + 6)
+        elif episode.role != "stuck_reboot" and now - episode.fired_at > OPERATOR_PATIENCE:
+            episode.notes.append("the service did not take the node in time: the part moves to another node")
+            self._resolve(episode)
+            del self.active[episode.node], self.run.roles[episode.node]
+            self.at(now + 3, f"{episode.role} again", lambda: self._operator_part(episode.role))
+
+    def _resolve_at(self, episode: Episode, when: float) -> None:
+        self.resolving.add(episode.id)
+        self.at(when, f"resolve {episode.id}", lambda: self._resolve(episode))
+
+    # Faults
+
+    def _fault(self, fault: Fault) -> Callable[[], None]:
+        def inject() -> None:
+            if fault.kind == "service_kill":
+                if not self.service.up:  # still down from the last one: a moment later
+                    self.at(time.time() + 5, fault.kind, inject)
+                    return
+                self.service.kill()
+                self._back_after(fault, "service restart", self.service.start)
+            elif fault.kind == "alertmanager_restart":
+                self.am.kill()
+                self._back_after(fault, "alertmanager start (state lost)", self.am.start)
+            else:
+                self.cluster.stop_controller()
+                self.controller_down = True
+                self._back_after(fault, "slurmctld start", self._start_controller)
+            self.run.faults.append((time.time(), fault.kind, f"back after {fault.back_after:.1f} s"))
+        return inject
+
+    def _start_controller(self) -> None:
+        self.cluster.start_controller()
+        self.controller_down = False
+        self.run.faults.append((time.time(), "controller_start", "slurmctld answers again"))
+
+    def _back_after(self, fault: Fault, what: str, start: Callable[[], None]) -> None:
+        def back() -> None:
+            if start in self.restarts:
+                self.restarts.remove(start)
+                start()
+        self.restarts.append(start)
+        self.at(time.time() + fault.back_after, what, back)
+
+    # The end
+
+    def _finish(self) -> None:
+        """Everything started again, every alert resolved, every job ended; then the cluster settles until
+        every node is final (in service, held by the service, or an operator's) or SETTLE_TIMEOUT passes."""
+        for start in list(self.restarts):
+            self.restarts.remove(start)
+            start()
+        self.events.clear()
+        for episode in self.run.episodes:
+            self._resolve(episode)
+        self.cluster.run(_tool("scancel"), "--partition", self.cluster.partition, timeout=30)
+        self.say("driver stopped: every alert resolved, every job cancelled")
+        deadline = time.time() + SETTLE_TIMEOUT
+        settled_since = None
+        while time.time() < deadline:
+            now = time.time()
+            self._observe(now)
+            self._scrape(now)
+            self._revive(now)
+            final = all(self._final(n) for n in self.run.nodes)
+            settled_since = (settled_since or now) if final and now >= self.run.driven + SETTLE else None
+            if settled_since and now - settled_since >= 3:
+                break
+            time.sleep(1)
+        self.run.finished = time.time()
+        self.run.final = {n: (self.view.get(n, {}).get("State", "?"), self.view.get(n, {}).get("Reason", ""))
+                          for n in self.run.nodes}
+        self.say("settled" if settled_since else "settling timed out")
+        self.log.close()
+
+    def _final(self, name: str) -> bool:
+        node = self.view.get(name, {})
+        reason = node.get("Reason", "")
+        role = self.run.roles.get(name)
+        return ((in_service(node) and node.get("State") == "IDLE") or reason.startswith("gpunode: hold")
+                or (role == "operator_drain" and reason.startswith("operator:")))
+
+
+def soak(settings: Settings) -> Run:
+    """Build the rig, drive the run, take it down; the Run and the logs under settings.base hold the rest."""
+    base = settings.base
+    base.mkdir(parents=True, exist_ok=True)
+    nodes = [f"gpu{i:03d}" for i in range(1, settings.nodes + 1)]
+    source = snapshot_sources(base / "source")
+    with SlurmCluster(base / "slurm", nodes, stuck_reboots=[nodes[-1]]) as cluster:
+        wrapper = base / "scontrol"
+        write_scontrol_wrapper(wrapper, cluster.scontrol_path, base / "scontrol-calls.log", settings.seed)
+        proxy = DroppingProxy(settings.seed)
+        am = Alertmanager(base / "alertmanager", proxy.url)
+        rules = policy(base, wrapper, am.url)
+        service = Service(base, source, cluster.env, rules)
+        proxy.target = f"{service.url}/alerts"
+        sender = PrometheusSender(am.url, RESEND, KEEP_RESOLVED)
+        run = Run(settings, base, nodes, {nodes[-1]: "stuck_reboot"}, rules)
+        try:
+            proxy.start()
+            am.start()
+            service.start()
+            sender.start()
+            Soak(run, cluster, service, am, sender).drive()
+        finally:
+            sender.stop()
+            service.stop()
+            am.kill()
+            proxy.stop()
+        run.counters |= {"webhook_posts": proxy.posts, "webhooks_dropped": proxy.dropped,
+                        "webhooks_refused_service_down": proxy.refused, "alertmanager_lives": am.lives,
+                        "prometheus_posts": sender.posts, "prometheus_post_failures": sender.failures}
+        run.counters["reboot_programs_run"] = len(cluster.reboot_log.read_text().splitlines()) \
+            if cluster.reboot_log.exists() else 0
+    return run

@@ -1,0 +1,34 @@
+"""The remediation service's chaos soak (benchmarks/remediate_soak.py) in short: 12 real slurmds, a real
+slurmctld and Alertmanager, the service enforcing, 75 s of alert episodes with every fault at least once
+(the service killed, Alertmanager restarted with its state lost, slurmctld stopped, scheduler calls
+failing and timing out, webhooks dropped, a reboot that never completes, an operator resuming a node
+mid-reset, one draining a node in the service's care), then every alert resolved and the cluster left
+to settle. About 100 s on 2 cores. Seed 1 fails its 7th scheduler call, times out its 45th and drops
+its 7th webhook, so every fault kind comes early."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.slurm import skip_without_slurm
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from remediate_soak import run_soak  # noqa: E402
+from remediate_soak_bench.driver import Settings  # noqa: E402
+
+
+def test_a_short_soak_doubles_nothing_leaves_operators_nodes_alone_keeps_the_budget_and_strands_no_node(
+        tmp_path: Path) -> None:
+    skip_without_slurm()
+    if shutil.which("prometheus-alertmanager") is None:
+        pytest.skip("prometheus-alertmanager not installed (scripts/install-deps.sh --demo installs it)")
+    summary = run_soak(Settings(tmp_path, nodes=12, minutes=1.25, seed=1, episodes_per_minute=6))["summary"]
+    assert all(summary["faults_injected"].values()), summary["faults_injected"]
+    assert summary["episodes"]["taken_by_the_service"] >= 3, summary["episodes"]
+    assert not summary["failed"], (summary["failed"], summary["evidence"])
