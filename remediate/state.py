@@ -221,7 +221,10 @@ class State:
     # The circuit breaker, one per mode
 
     def breaker(self, mode: str) -> Breaker:
-        rows = self._rows("SELECT open, paused, since, why, budget_from FROM breakers WHERE mode = ?", mode)
+        try:
+            rows = self._rows("SELECT open, paused, since, why, budget_from FROM breakers WHERE mode = ?", mode)
+        except sqlite3.OperationalError:  # `status` (read-only) on a file an earlier version wrote
+            rows = self._rows("SELECT open, 0, since, why, 0 FROM breaker WHERE id = 1") if mode == "enforce" else []
         return Breaker(bool(rows[0][0]), bool(rows[0][1]), *rows[0][2:]) if rows else Breaker()
 
     def set_breaker(self, mode: str, breaker: Breaker) -> None:

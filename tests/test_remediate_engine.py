@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -306,3 +307,24 @@ def test_a_drain_that_timed_out_counts_against_the_budget(tmp_path: Path, cluste
     assert e.actions[("drain", "failed")] == 1 and e.actions[("drain", "done")] == 1
     assert [c.split()[1] for c in calls(cluster)] == ["gpu001", "gpu002"]
     assert e.state.breaker("enforce").open and e.state.history(e.policy, clock.now).budget_used == 2
+
+
+def test_a_state_file_of_the_earlier_version_keeps_its_open_breaker(tmp_path: Path) -> None:
+    """One breaker for both modes before: `status` reads it as it is, the service takes it as the
+    enforced one (closing it silently would be worse), and `breaker reset` closes it."""
+    State(tmp_path / "state.db").close()
+    old = sqlite3.connect(tmp_path / "state.db")  # as the earlier version left it: its tables, its one breaker
+    old.executescript("DROP TABLE breakers; DROP TABLE meta; DROP TABLE returns; "
+                      "CREATE TABLE breaker (id INTEGER PRIMARY KEY CHECK (id = 1), open INTEGER NOT NULL, "
+                      "since REAL NOT NULL, why TEXT NOT NULL); "
+                      "INSERT INTO breaker VALUES (1, 1, 1700000000, 'circuit breaker open: 2 of 2 nodes')")
+    old.commit()
+    old.close()
+    policy = build({"mode": "enforce", "state_path": str(tmp_path / "state.db")})
+    read_only = State(policy.state_path, readonly=True)
+    assert "circuit breaker: OPEN since" in status_text(policy, read_only, 1_700_000_100.0)
+    read_only.close()
+    state = State(policy.state_path)
+    assert state.breaker("enforce").open and not state.breaker("dry-run").open
+    breaker_command(policy, state, "reset", "", 1_700_000_200.0)
+    assert not state.breaker("enforce").open
