@@ -217,8 +217,7 @@ class Engine:
             self.state.set_record(step.node, step.phase, step.action, step.why, now, step.gpus)
             self.log.warning("%s: %s (%r); taken back as %s", step.node, step.why, step.reason, step.phase)
         elif step.kind == "release":
-            self.state.set_record(step.node, None, "", "", now, ())
-            self.state.release_alerts(step.node)  # theirs: the same episodes never take it back
+            self.state.release(step.node)  # theirs: the same episodes never take it back
             self.log.warning("%s: %s; no longer in this service's care", step.node, step.why)
         else:
             self._call(step, record, now)
@@ -259,10 +258,16 @@ class Engine:
                 status = "done"
             except CommandError as err:
                 status, error = "failed", str(err)
-        self.state.finish(action_id, status, self.clock(), error)
-        self.actions[(step.kind, status)] += 1
+        after: tuple[str, Record | None] | None = None  # the node's record once the call is done
         if status == "failed" and step.kind == "reset":  # did it reset or not? a person looks
-            self.state.set_record(step.node, "held", "hold", f"reset failed: {error}", now, step.gpus)
+            after = (step.node, Record(step.node, "held", "hold", f"reset failed: {error}", now, step.gpus))
+        elif status != "failed" and step.kind != "requeue":
+            since = record.since if record and record.phase == step.phase else now
+            after = (step.node, Record(step.node, step.phase, step.action, step.why, since, step.gpus)
+                     if step.phase else None)
+        self.state.finish(action_id, status, self.clock(), error, after)
+        self.actions[(step.kind, status)] += 1
+        if status == "failed" and step.kind == "reset":
             self.log.error("%s: reset failed, held for a person: %s", step.node, error)
             return
         if status == "failed":
@@ -274,9 +279,6 @@ class Engine:
             taken = self.state.taken_at(step.node, ("done",))
             if taken is not None:
                 self.state.returned(step.node, taken, self.clock())
-        if step.kind != "requeue":
-            since = record.since if record and record.phase == step.phase else now
-            self.state.set_record(step.node, step.phase, step.action, step.why, since, step.gpus)
 
     def _validate(self, node: str) -> str | None:
         """The operator's check before a node returns (a DCGM diag, NHC): why it failed, or None."""

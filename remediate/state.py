@@ -148,9 +148,18 @@ class State:
         return self._write("DELETE FROM alerts WHERE (status = 'resolved' AND ends_at < ?) "
                            "OR (status = 'released' AND received_at < ?)", before, before)
 
-    def release_alerts(self, node: str) -> int:
-        """A person took the node: its firing episodes no longer ask for anything (a new one will)."""
-        return self._write("UPDATE alerts SET status = 'released' WHERE node = ? AND status = 'firing'", node)
+    def release(self, node: str) -> None:
+        """A person took the node: forgotten, and its firing episodes no longer ask for anything (a new
+        one will); both at once, or a restart between them would take the node back."""
+        with self.lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                self._set_record(node, None)
+                self.db.execute("UPDATE alerts SET status = 'released' WHERE node = ? AND status = 'firing'", (node,))
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
 
     # Nodes in the service's care
 
@@ -160,11 +169,16 @@ class State:
 
     def set_record(self, node: str, phase: str | None, action: str, why: str, since: float,
                    gpus: tuple[str, ...]) -> None:
-        if phase is None:
-            self._write("DELETE FROM nodes WHERE node = ?", node)
+        with self.lock:
+            self._set_record(node, Record(node, phase, action, why, since, gpus) if phase else None)
+
+    def _set_record(self, node: str, record: Record | None) -> None:
+        """Under the lock."""
+        if record is None:
+            self.db.execute("DELETE FROM nodes WHERE node = ?", (node,))
         else:
-            self._write("INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?, ?, ?)",
-                        node, phase, action, why, since, json.dumps(list(gpus)))
+            self.db.execute("INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?, ?, ?)", (
+                node, record.phase, record.action, record.why, record.since, json.dumps(list(record.gpus))))
 
     # Actions
 
@@ -174,9 +188,21 @@ class State:
             "VALUES (?, ?, 'pending', ?, ?, ?, ?, ?, ?)", step.node, step.kind, step.why, step.reason, step.job,
             int(step.new_drain), json.dumps(list(step.fingerprints)), now)
 
-    def finish(self, action_id: int, status: str, now: float, error: str = "") -> None:
-        self._write("UPDATE actions SET status = ?, finished_at = ?, error = ? WHERE id = ?",
-                    status, now, error, action_id)
+    def finish(self, action_id: int, status: str, now: float, error: str = "",
+               node: tuple[str, Record | None] | None = None) -> None:
+        """The call's outcome and, in the same transaction, the node's record after it (node, None:
+        forget it): a restart between the two would leave a drain done and its node in no one's care."""
+        with self.lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                self.db.execute("UPDATE actions SET status = ?, finished_at = ?, error = ? WHERE id = ?",
+                                (status, now, error, action_id))
+                if node is not None:
+                    self._set_record(*node)
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
 
     def interrupted(self, now: float) -> list[Action]:
         """Calls a previous run began and never finished (killed mid-call): marked interrupted."""

@@ -328,3 +328,27 @@ def test_a_state_file_of_the_earlier_version_keeps_its_open_breaker(tmp_path: Pa
     assert state.breaker("enforce").open and not state.breaker("dry-run").open
     breaker_command(policy, state, "reset", "", 1_700_000_200.0)
     assert not state.breaker("enforce").open
+
+
+def test_a_node_a_person_resumed_while_the_service_was_down_stays_theirs(tmp_path: Path, cluster: Path) -> None:
+    """The chaos soak's case: drained for a reset (a job runs on it), the service killed, a person
+    resumes the node meanwhile. Restarted, the service releases it and never drains it again for
+    the alert still firing."""
+    clock = Clock()
+    e = engine(tmp_path, cluster, clock)
+    nodes = json.loads(cluster.read_text())
+    nodes["gpu011"]["state"] = "allocated"
+    cluster.write_text(json.dumps(nodes))
+    pending = alert_json("GpuRowRemapPending", "gpu011", gpu="5", starts=clock.now - 30)
+    deliver(e, pending, clock=clock)
+    assert calls(cluster) == ["drain gpu011 gpunode: reset GpuRowRemapPending gpu=5"]
+    assert e.state.records()["gpu011"].phase == "reset_wait"  # written with the call's outcome
+    e.state.close()
+    nodes = json.loads(cluster.read_text())
+    nodes["gpu011"] = {"state": "allocated", "reason": ""}  # scontrol update nodename=gpu011 state=resume
+    cluster.write_text(json.dumps(nodes))
+    again = engine(tmp_path, cluster, clock)
+    again.reconcile()
+    for _ in range(2):
+        deliver(again, pending, clock=clock)
+    assert len(calls(cluster)) == 1 and "gpu011" not in again.state.records()
