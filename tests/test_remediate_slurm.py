@@ -38,11 +38,14 @@ def clean(cluster: SlurmCluster) -> Iterator[None]:
     """Each test starts on an idle cluster."""
     yield
     cluster.run(_tool("scancel"), "--partition", cluster.partition)
-    for node in NODES:
-        if flags(cluster.node(node)) != {"IDLE"}:
+    # Resumed until IDLE: a node resumed just after its reboot, before its slurmd registered again,
+    # goes DOWN "Node unexpectedly rebooted" (ReturnToService=1) and wants another resume.
+    deadline = time.monotonic() + 45
+    while others := [n["NodeName"] for n in cluster.all_nodes() if flags(n) != {"IDLE"}]:
+        assert time.monotonic() < deadline, f"not IDLE after 45 s: {others}\n{cluster.log_tail()}"
+        for node in others:
             cluster.scontrol("update", f"nodename={node}", "state=resume")
-    for node in NODES:
-        cluster.wait_state(node, lambda n: flags(n) == {"IDLE"}, timeout=30)
+        time.sleep(1)
 
 
 @pytest.fixture(scope="module")

@@ -112,8 +112,8 @@ def test_rts1_busy_node_drains_until_its_job_ends_then_reboots_down(rts1: SlurmC
     assert went(changes, COMPLETING, REQUESTED, ("DOWN+DRAIN+REBOOT_ISSUED", ISSUED), ("DOWN", COMPLETE)), changes
     assert at(changes, ("DOWN", COMPLETE)) < 5  # ~1.8-2.1 s after the cancel measured
     assert rts1.reboots("gpu002") == 1 and "NextState" not in rts1.node("gpu002")
-    rts1.scontrol("update", "nodename=gpu002", "state=resume", check=True)
-    assert went(watch(rts1, "gpu002", 10, until=lambda s: s[0] == "IDLE"), RESUMED, ("IDLE", ""))
+    # No resume here: one that comes before the rebooted slurmd registers again sends the node DOWN
+    # "Node unexpectedly rebooted" (seen once in a full run); the idle node's test shows the resume.
 
 
 def test_rts2_returns_the_node_to_idle_by_itself_seconds_after_the_reboot(rts2: SlurmCluster) -> None:
