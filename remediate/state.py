@@ -7,10 +7,11 @@ restart knows which calls were cut short (kill -9) and looks at the scheduler be
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +94,18 @@ class State:
         with self.lock:
             return self.db.execute(sql, args).fetchall()
 
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """Under the lock, all or nothing."""
+        with self.lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+
     def _write(self, sql: str, *args: object) -> int:
         with self.lock:
             cursor = self.db.execute(sql, args)
@@ -105,31 +118,25 @@ class State:
         notifications change nothing: an episode (fingerprint, start) once resolved stays resolved,
         and an older episode never replaces a newer one."""
         changed = 0
-        with self.lock:
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                for alert, node in alerts:
-                    row = self.db.execute("SELECT status, starts_at FROM alerts WHERE fingerprint = ?",
-                                          (alert.fingerprint,)).fetchone()
-                    if row is not None:
-                        status, starts = row
-                        if alert.starts_at < starts - 1e-3:
-                            continue  # an older episode
-                        same = abs(alert.starts_at - starts) <= 1e-3
-                        if same and (alert.status == status or status == "resolved"
-                                     or (status == "released" and alert.status == "firing")):
-                            continue  # repeated, firing after resolved, or firing while a person has the node
-                    # When it resolved: as Alertmanager says, never later than now.
-                    ends = min(alert.ends_at or now, now) if alert.status == "resolved" else None
-                    self.db.execute(
-                        "INSERT OR REPLACE INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (alert.fingerprint, node, alert.name, json.dumps(alert.labels, sort_keys=True),
-                         alert.status, alert.starts_at, ends, now))
-                    changed += 1
-                self.db.execute("COMMIT")
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
+        with self._transaction():
+            for alert, node in alerts:
+                row = self.db.execute("SELECT status, starts_at FROM alerts WHERE fingerprint = ?",
+                                      (alert.fingerprint,)).fetchone()
+                if row is not None:
+                    status, starts = row
+                    if alert.starts_at < starts - 1e-3:
+                        continue  # an older episode
+                    same = abs(alert.starts_at - starts) <= 1e-3
+                    if same and (alert.status == status or status == "resolved"
+                                 or (status == "released" and alert.status == "firing")):
+                        continue  # repeated, firing after resolved, or firing while a person has the node
+                # When it resolved: as Alertmanager says, never later than now.
+                ends = min(alert.ends_at or now, now) if alert.status == "resolved" else None
+                self.db.execute(
+                    "INSERT OR REPLACE INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (alert.fingerprint, node, alert.name, json.dumps(alert.labels, sort_keys=True),
+                     alert.status, alert.starts_at, ends, now))
+                changed += 1
         return changed
 
     def firing(self) -> dict[str, list[Alert]]:
@@ -151,15 +158,9 @@ class State:
     def release(self, node: str) -> None:
         """A person took the node: forgotten, and its firing episodes no longer ask for anything (a new
         one will); both at once, or a restart between them would take the node back."""
-        with self.lock:
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                self._set_record(node, None)
-                self.db.execute("UPDATE alerts SET status = 'released' WHERE node = ? AND status = 'firing'", (node,))
-                self.db.execute("COMMIT")
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
+        with self._transaction():
+            self._set_record(node, None)
+            self.db.execute("UPDATE alerts SET status = 'released' WHERE node = ? AND status = 'firing'", (node,))
 
     # Nodes in the service's care
 
@@ -192,17 +193,11 @@ class State:
                node: tuple[str, Record | None] | None = None) -> None:
         """The call's outcome and, in the same transaction, the node's record after it (node, None:
         forget it): a restart between the two would leave a drain done and its node in no one's care."""
-        with self.lock:
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                self.db.execute("UPDATE actions SET status = ?, finished_at = ?, error = ? WHERE id = ?",
-                                (status, now, error, action_id))
-                if node is not None:
-                    self._set_record(*node)
-                self.db.execute("COMMIT")
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
+        with self._transaction():
+            self.db.execute("UPDATE actions SET status = ?, finished_at = ?, error = ? WHERE id = ?",
+                            (status, now, error, action_id))
+            if node is not None:
+                self._set_record(*node)
 
     def interrupted(self, now: float) -> list[Action]:
         """Calls a previous run began and never finished (killed mid-call): marked interrupted."""
