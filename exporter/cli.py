@@ -22,7 +22,7 @@ from exporter.scrape import Scraper
 
 PROG = "gpunode-exporter"
 DEFAULT_LISTEN = ":19835"
-COMMANDS = ("serve", "dump", "doctor", "rules", "dashboards")
+COMMANDS = ("serve", "dump", "doctor", "rules", "dashboards", "report")
 
 
 def _common_flags(p: argparse.ArgumentParser) -> None:
@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Serve metrics over HTTP (the default command). Other commands: "
                            "`dump` (collect once, print the exposition, exit), `doctor` (check this node, say what "
                            "to fix), `rules render` (the rule pack), "
-                           "`dashboards render` (the Grafana dashboards); `gpunode-exporter COMMAND --help` "
+                           "`dashboards render` (the Grafana dashboards), `report` (the fleet's operational report "
+                           "from its Prometheus); `gpunode-exporter COMMAND --help` "
                            "for each.")
     _common_flags(serve)
     serve.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN, type=listen_address,
@@ -110,6 +111,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="YAML overriding keys of the shipped spec (see rules/spec.yaml)")
     render.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
                         help="directory to write the dashboards to (default: .)")
+    report = sub.add_parser("report", help="the fleet's operational report over a range, from its Prometheus",
+                            description="Where the GPU-hours went (goodput per job and each loss named), failures "
+                            "and the measured MTBF, checkpoint cost against the Young/Daly optimum, storage during "
+                            "saves and loads, stragglers: read from any Prometheus-compatible query API, written as "
+                            "DIR/report.md with its figures (PNG) and DIR/report.json (docs/report.md).")
+    report.add_argument("--prometheus.url", dest="prometheus_url", required=True, metavar="URL",
+                        help="the query API's base URL (Prometheus, VictoriaMetrics, Thanos, Mimir), "
+                             "e.g. http://prometheus:9090")
+    report.add_argument("--from", dest="since", default="-7d", metavar="TIME",
+                        help="start: RFC 3339 (2026-11-21T00:00:00Z), now, or relative (-7d, -36h) (default: -7d)")
+    report.add_argument("--to", dest="until", default="now", metavar="TIME", help="end, as --from (default: now)")
+    report.add_argument("--output", type=Path, required=True, metavar="DIR", help="directory to write the report to")
+    report.add_argument("--spec", type=Path, metavar="FILE",
+                        help="the rule pack's spec overrides, for your selectors, labels and thresholds")
     return parser
 
 
@@ -144,6 +159,20 @@ def main(argv: list[str] | None = None) -> int:
     parser, args = parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.command in ("rules", "dashboards"):
         return _render(args, parser)
+    if args.command == "report":
+        try:
+            from exporter import report  # numpy and matplotlib: only here
+        except ImportError:
+            sys.stderr.write(f"{PROG} report: error: the report needs numpy and matplotlib: "
+                             "pip install 'gpunode-exporter[report]'\n")
+            return 2
+        try:
+            for path in report.run(args.prometheus_url, args.since, args.until, args.output, args.spec):
+                print(path)
+        except report.ReportError as err:
+            sys.stderr.write(f"{PROG} report: error: {err}\n")
+            return 2
+        return 0
     # A mount point that is not there is a typo in the unit or the pod spec, not a node without
     # those files: refused like a broken --config.file, not served (or checked) as a node without
     # GPUs or mounts.

@@ -1,16 +1,18 @@
-"""`python -m fleet [--scenario NAME|FILE] [--backend B] [--spec FILE] [--out FILE] [--remediation]`: simulate,
-replay, score."""
+"""`python -m fleet [--scenario NAME|FILE] [--backend B] [--spec FILE] [--out FILE] [--remediation]
+[--report DIR]`: simulate, replay, score."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from fleet import harness, remediation, scenario, score
+from exporter.report.source import rfc3339 as _rfc3339
+from fleet import harness, remediation, report_score, scenario, score
 from fleet.simulate import Fleet, Truth, node_name
 
 
@@ -58,6 +60,18 @@ def _dump(path: Path, run: harness.Run, s: score.Score) -> None:
     path.write_text(json.dumps([{**asdict(f), "false": id(f) in false} for f in run.firing], indent=1))
 
 
+def score_report(fleet: Fleet, url: str, out: Path, spec: Path | None, results: list[report_score.Result]) -> None:
+    """The report of the fleet's whole range from the backend at url, written to out, scored into results."""
+    from exporter import report
+
+    began = time.monotonic()
+    report.run(url, _rfc3339(fleet.timestamps[0]), _rfc3339(fleet.timestamps[-1] + fleet.s.step), out, spec)
+    result = report_score.score(fleet, json.loads((out / "report.json").read_text()))
+    (out / "score.txt").write_text("\n".join(result.lines) + "\n")
+    print(f"report written to {out} in {time.monotonic() - began:.0f} s", flush=True)
+    results.append(result)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m fleet", description=__doc__)
     parser.add_argument("--scenario", action="append", metavar="NAME|FILE",
@@ -71,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where each run keeps its backend's data, rules, logs and alerts.json, in "
                         "SCENARIO/BACKEND/ (default: /tmp/gpunode-fleet)")
     parser.add_argument("--out", type=Path, help="write the results table here (e.g. docs/fleet-results.md)")
+    parser.add_argument("--report", type=Path, metavar="DIR",
+                        help="after each replay, run `gpunode-exporter report` over the scenario's whole range into "
+                        "DIR/SCENARIO/BACKEND/ and score it against the simulator's truth (fleet/report_score.py)")
     parser.add_argument("--remediation", action="store_true",
                         help="also replay each run's alerts through gpunode-remediate's policy (fleet/remediation.py)")
     return parser
@@ -79,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     sections = []
+    failed = 0
     for name in args.scenario or ["standard"]:
         sc = scenario.load(name)
         start = (time.time() // 3600) * 3600 - sc.duration - 3600
@@ -87,7 +105,15 @@ def main(argv: list[str] | None = None) -> int:
         remedies = []
         for backend in args.backend or harness.BACKENDS:
             began = time.monotonic()
-            run = harness.run(backend, fleet, args.workdir / sc.name / backend, spec_path=args.spec)
+            scored: list[report_score.Result] = []
+            then = None if args.report is None else functools.partial(
+                score_report, fleet, out=args.report / sc.name / backend, spec=args.spec, results=scored)
+            run = harness.run(backend, fleet, args.workdir / sc.name / backend, spec_path=args.spec, then=then)
+            for result in scored:
+                print("\n".join(result.lines), flush=True)
+                failed += result.failed
+                print(f"{sc.name} {backend}: report scored, {result.failed} of {len(result.lines)} checks failed",
+                      flush=True)
             s = score.score(run.firing, fleet.truth(), [node_name(n) for n in range(sc.nodes)], sc.duration)
             results[backend] = (run, s)
             _dump(args.workdir / sc.name / backend / "alerts.json", run, s)
@@ -109,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text("# Detection quality: the rule pack on simulated fleets\n\n"
                             "Written by `make fleet` (`python -m fleet --out docs/fleet-results.md`); "
                             "how it is measured: docs/fleet.md.\n\n" + text)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -125,9 +125,11 @@ class Run:
     retried: list[str] = field(default_factory=list)  # replays of lost evaluations (fleet/replay_check.py)
 
 
-def run(backend: str, fleet: Fleet, workdir: Path, port: int | None = None, spec_path: Path | None = None) -> Run:
+def run(backend: str, fleet: Fleet, workdir: Path, port: int | None = None, spec_path: Path | None = None,
+        then: Callable[[str], None] | None = None) -> Run:
     """Load the fleet into backend, replay the rule pack, return the alert episodes. The server
-    listens on port, by default a free one, so that runs side by side do not meet."""
+    listens on port, by default a free one, so that runs side by side do not meet. `then` is
+    called with the server's URL after the replay, while it still serves (the report)."""
     port = port or free_port()
     shutil.rmtree(workdir, ignore_errors=True)  # a stale data directory would add its series twice
     workdir.mkdir(parents=True)
@@ -233,6 +235,8 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int | None = None, spec
         finally:  # also when a replay failed: its log shows what vmalert said
             (workdir / "vmalert-replay.log").write_text("".join(line for n in sorted(log) for line in log[n]))
         firing = _alerts(url, fleet.timestamps[0], end, _alert_timing(rule_files))
+        if then is not None:
+            then(url)
     return Run(backend, firing, loaded - began, time.monotonic() - loaded, samples, retried)
 
 

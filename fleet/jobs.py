@@ -10,6 +10,7 @@ or a new session gets one.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,7 @@ from exporter.nvmlsim.scenario import seconds
 KINDS = ("training", "single", "inference", "burnin")
 SOURCES = ("slurm", "kubernetes", "systemd")
 RETRY_GAP_MEDIAN = 660.0  # seconds between a failure and the next attempt (the report: median 11 min)
+GOLDEN = (5 ** 0.5 - 1) / 2
 DEFAULT_LOAD = {"training": "25m", "single": "5m"}  # the report's session start loads took 25-33 min
 
 
@@ -36,6 +38,7 @@ class Job:
     restart_gap: float | None  # None: drawn per restart around RETRY_GAP_MEDIAN
     restart_on_fault: bool  # a job-killing fault on one of its nodes ends the attempt
     source: str
+    save: float | None = None  # seconds a save lasts, at a random phase to the scrapes; None: one sample, on it
 
     @property
     def first_save(self) -> float:
@@ -57,6 +60,25 @@ class Attempt:
         """Saves fall every checkpoint_every from here (a session of the old form: from the scenario's start)."""
         return self.start + self.job.load if self.job.restart_on_fault else 0.0
 
+    def saves(self, step: float) -> list[tuple[float, float]]:
+        """Each save's (start, end), seconds from the scenario's start: every checkpoint_every from
+        the origin while the attempt runs past its load. A save of a given length starts at a phase
+        to the scrapes of its own, as a real job's saves fall anywhere between scrapes."""
+        every, first = self.job.checkpoint_every, self.checkpoint_origin + self.job.first_save
+        k = max(0, math.ceil((self.start + self.job.load - first) / every))
+        out = []
+        while (at := first + k * every) < self.end:
+            if self.job.save is None:
+                out.append((at, at + step))
+            else:
+                # evenly spread phases (the golden ratio's sequence): over n saves the scrapes see
+                # every phase as random ones would, without their ~1/sqrt(n) scatter
+                phase = (k + 7 * self.number) * GOLDEN % 1 * step
+                if at + phase + self.job.save <= self.end:
+                    out.append((at + phase, at + phase + self.job.save))
+            k += 1
+        return out
+
 
 def parse_nodes(value: object, where: str, nodes: int) -> tuple[int, ...]:
     """Node indices: an int, "a-b" (inclusive), or a list of either."""
@@ -74,7 +96,8 @@ def parse_nodes(value: object, where: str, nodes: int) -> tuple[int, ...]:
 
 
 def parse_job(data: object, where: str, nodes: int, duration: float) -> Job:
-    known = {"name", "kind", "nodes", "start", "end", "checkpoint_every", "load", "failures", "restart_gap", "source"}
+    known = {"name", "kind", "nodes", "start", "end", "checkpoint_every", "load", "failures", "restart_gap", "source",
+             "save"}
     if not isinstance(data, dict) or not {"kind", "nodes"} <= set(data):
         raise ConfigError(f"{where}: want a mapping with kind and nodes")
     if unknown := set(data) - known:
@@ -95,7 +118,8 @@ def parse_job(data: object, where: str, nodes: int, duration: float) -> Job:
     return Job(str(data.get("name", where)), data["kind"], members, start, end, every,
                seconds(data.get("load", DEFAULT_LOAD.get(data["kind"], 0)), f"{where}.load"),
                tuple(seconds(f, f"{where}.failures") for f in data.get("failures", [])),
-               None if gap is None else seconds(gap, f"{where}.restart_gap"), True, source)
+               None if gap is None else seconds(gap, f"{where}.restart_gap"), True, source,
+               None if data.get("save") is None else seconds(data["save"], f"{where}.save"))
 
 
 def sessions_as_jobs(sessions: tuple[tuple[float, float], ...], nodes: int, checkpoint_every: float) -> tuple[Job, ...]:

@@ -167,6 +167,7 @@ class Fleet:
         t, step = self.t, self.s.step
         m = {k: np.zeros(t.size, bool) for k in ("training", "single", "inference", "burnin", "load", "save")}
         m["demand"] = np.zeros(t.size)
+        m["save_part"] = np.zeros(t.size)
         for a in self.attempts:
             if n not in a.nodes:
                 continue
@@ -174,8 +175,13 @@ class Fleet:
             m[a.job.kind] |= during
             m["load"] |= during & (t < a.start + a.job.load)
             if a.job.kind in SYNCHRONOUS:
-                since = t - a.checkpoint_origin
-                m["save"] |= during & (since >= a.job.first_save) & ((since % a.job.checkpoint_every) < step)
+                for begin, end in a.saves(step):
+                    # a save of a given length: every sample whose interval [t, t + step) it touches;
+                    # otherwise the first sample from its start
+                    touched = (t + step > begin) & (t < end) if a.job.save is not None else (t >= begin) & (t < end)
+                    m["save"] |= during & touched
+                    # its writeback spread over the samples it touches, each above the save phase's threshold
+                    m["save_part"][during & touched] = 1 / min(2, max(1, (during & touched).sum()))
             if a.job.kind == "inference":  # a daily curve, 24-90 % busy, its peak in the afternoon
                 curve = 0.57 - 0.33 * np.cos(2 * np.pi * (t + self.start - 5 * 3600) / 86400)
                 m["demand"] = np.where(during, curve, m["demand"])
@@ -354,7 +360,7 @@ class Fleet:
                     workload = f"{a.job.name}.service"
                 yield emit("gpunode_node_workload_info", "gpunode", np.where(running, 1.0, np.nan),
                            source=source, workload=workload)
-        yield from self._gpunode(n, faults, save, emit, lost, load, save_bytes, own)
+        yield from self._gpunode(n, faults, save, emit, lost, load, save_bytes, own, m)
         for job in ("gpunode", "node", "dcgm"):
             yield emit("up", job, np.ones(t.size))
 
@@ -374,7 +380,7 @@ class Fleet:
                                                              "owner_is_controller": "true"}.items())), during)
 
     def _gpunode(self, n: int, faults: list[Event], save: np.ndarray, emit, lost: np.ndarray, load: np.ndarray,
-                 save_bytes: np.ndarray, own: causes.Own) -> Iterator[Series]:
+                 save_bytes: np.ndarray, own: causes.Own, m: dict[str, np.ndarray]) -> Iterator[Series]:
         t = self.t
         ones = np.ones(t.size)
         yield emit("gpunode_gpus_expected", "gpunode", ones * GPUS)
@@ -431,11 +437,12 @@ class Fleet:
         for (g, code), count in xids.items():
             xl = {"gpu": str(g), "uuid": f"GPU-{n:08x}-0000-0000-0000-{g:012x}", "xid": str(code),
                   "action": XID_ACTIONS[code], "pci_bus_id": f"0000:{g:02x}:00.0"}
-            first = self.start + t[np.argmax(count > 0)] if count.any() else 0
+            rose = np.diff(count, prepend=0) > 0
+            last = np.maximum.accumulate(np.where(rose, self.start + t, 0))  # each event's time from it on
             shown = count > 0  # the exporter exports an Xid series from its first event on
             yield emit("gpunode_xid_errors_total", "gpunode", np.where(shown, count, np.nan), **xl)
-            yield emit("gpunode_xid_last_event_timestamp_seconds", "gpunode", np.where(shown, first, np.nan), **xl)
-        yield from self._nfs(n, faults, save, emit, load, save_bytes)
+            yield emit("gpunode_xid_last_event_timestamp_seconds", "gpunode", np.where(shown, last, np.nan), **xl)
+        yield from self._nfs(n, faults, save, emit, load, save_bytes * m["save_part"])
         yield from self._roce(emit, own, save)
 
     def _nfs(self, n: int, faults: list[Event], save: np.ndarray, emit, load: np.ndarray,

@@ -18,9 +18,10 @@ from tests.helpers import ROOT, Install
 
 # Packages the [test] extra brings and no make target but `make test` installs: neither the run nor the
 # demo install may have them, or this module proves nothing.
-TEST_ONLY = ("numpy", "pytest", "prometheus_client", "hypothesis", "pyroute2", "grafana_foundation_sdk")
-# Modules of the package that need an optional extra ([dashboards]: Grafana's SDK); their command says so.
-OPTIONAL = {"exporter.dashboards": "grafana_foundation_sdk"}
+TEST_ONLY = ("numpy", "pytest", "prometheus_client", "hypothesis", "pyroute2", "grafana_foundation_sdk", "matplotlib")
+# Modules of the package that need an optional extra ([dashboards]: Grafana's SDK; [report]: numpy and
+# matplotlib); their command says so.
+OPTIONAL = {"exporter.dashboards": "grafana_foundation_sdk", "exporter.report": "numpy"}
 
 IMPORT_EACH = """
 import importlib, sys, traceback
@@ -61,7 +62,7 @@ def test_every_module_of_the_installed_commands_imports_with_make_runs_install(r
     unexpected = {name: error for name, (missing, error) in failed.items()
                   if not any(name.startswith(prefix) and missing == extra for prefix, extra in OPTIONAL.items())}
     assert unexpected == {}
-    assert "exporter.dashboards.board" in failed  # the extra really is missing: the check above could fail
+    assert {"exporter.dashboards.board", "exporter.report.build"} <= set(failed)  # the extras really are missing
 
 
 @pytest.mark.parametrize("command", ["gpunode-exporter", "gpunode-remediate"])
@@ -84,6 +85,14 @@ def test_dashboards_render_without_its_extra_says_what_to_install(run_install: I
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "pip install 'gpunode-exporter[dashboards]'" in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_report_without_its_extra_says_what_to_install(run_install: Install, tmp_path: Path) -> None:
+    done = run_install.run("gpunode-exporter", "report", "--prometheus.url", "http://127.0.0.1:1",
+                           "--output", str(tmp_path / "report"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr and done.stderr.count("\n") == 1
+    assert "pip install 'gpunode-exporter[report]'" in done.stderr
+    assert not (tmp_path / "report").exists()
 
 
 def test_the_remediation_service_checks_a_policy_with_make_runs_install(run_install: Install, tmp_path: Path) -> None:

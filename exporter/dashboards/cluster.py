@@ -141,6 +141,31 @@ def build(b: Board) -> None:
             [Query(f"topk({TOP}, max by ({node}) ({b.rec('gpunode:nfs_transport_slot_saturation:')}))", by_node)],
             width=6)
 
+    b.row("Goodput")
+    g = spec["goodput"]
+    b.panel(stat_panel(), "Fleet goodput now",
+            "The share of the nodes running a job that make progress now: per job, its nodes training (neither "
+            "saving nor loading a checkpoint) times its pace against its own past where slower, weighted by "
+            "nodes. Time between a failed job's attempts and progress redone show only in `gpunode-exporter "
+            "report` (docs/report.md), which joins the attempts.", "percentunit",
+            [Query(b.rec("gpunode:fleet_goodput:ratio"))], width=6)
+    b.panel(stat_panel(), "Mean time between failures per node (measured)",
+            f"Node-hours running a workload over {duration(g['mtbf_window'])} per job restart (a node starting "
+            f"a new workload within {duration(g['restart_within'])} of another: goodput.restart_within), from "
+            f"{g['min_failures']} restarts on. A job of N nodes fails N times as often; the Young/Daly optimum "
+            "below uses that job MTBF, or checkpoint.mtbf_seconds until there is a measurement.", "s",
+            [Query(b.rec("gpunode:fleet_mtbf_seconds:per_node"))], width=6)
+    restarts = b.rec("gpunode:node_job_restart:share")
+    b.panel(time_series(), "Job restarts per day",
+            "Abnormal job ends over the last 24 h: each restart of an N-node job counts 1/N on each of its "
+            "nodes, so once in all.", "short",
+            [Query(f"sum(sum_over_time({restarts}[1d]))", "restarts in 24 h")], width=12)
+    b.panel(time_series(), "Goodput per job",
+            "Per job (workload), the share of its nodes training times its pace against its own past where "
+            "slower (gpunode:job_goodput:ratio). A dip to the share of nodes saving is a checkpoint save; a "
+            "long dip, a load or a straggler.", "percentunit",
+            [Query(b.rec("gpunode:job_goodput:ratio"), "{{workload}}")], width=24)
+
     b.row("Checkpoints")
     b.panel(linked(phases(state_timeline())), "Checkpoint phase per node",
             "Training, saving (writing to NFS faster than checkpoint.save_write_bytes) or loading (reading from "
@@ -155,7 +180,8 @@ def build(b: Board) -> None:
         return f"quantile by ({peers}) (0.5, {b.rec(prefix)})"
     b.panel(time_series(), "Checkpoint interval against its Young/Daly optimum",
             f"Per peer group, the median over nodes of the mean time between saves over {window}, and of the "
-            "optimum sqrt(2 x save duration x MTBF) for the save duration and checkpoint.mtbf_seconds. "
+            "optimum sqrt(2 x save duration x MTBF) for the save duration and the job's MTBF (measured, row "
+            "Goodput, else checkpoint.mtbf_seconds). "
             "CheckpointIntervalTooLong fires when the interval exceeds checkpoint.interval_factor times the "
             "optimum (the Lablup B200 operations report: 133.5 min against 44.9).", "s",
             [Query(median(f"gpunode:checkpoint_interval_seconds:avg{window}"), f"interval {group}"),

@@ -1,0 +1,152 @@
+"""The operational report (`gpunode-exporter report`) against what the simulator knows happened:
+each job's time split, its attempts, every hardware event and straggler.
+
+Truth, per job: elapsed from its first attempt's start to its last's end; checkpoint loads (each
+attempt's load); saves (each save's length); down between attempts; progress redone after each
+abnormal end (from the last save's end, or the load's, to the end); time lost to a slower pace
+(while a straggler fault acts on the attempt, 1 - nominal/actual step time per sample);
+productive the rest. The report passes when each part is within SPLIT_TOLERANCE of the job's
+elapsed time, the attempts are exact, and the events and stragglers it lists are exactly the
+true ones (by node, kind or cause, and time: an event within one scrape interval).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from exporter.config import seconds
+from exporter.report.source import parse_time
+from fleet import causes
+from fleet.jobs import Attempt
+from fleet.simulate import SYNCHRONOUS, Fleet, node_name
+
+SPLIT_TOLERANCE = 0.02  # of the job's elapsed time
+PARTS = ("productive", "checkpoint_save", "checkpoint_load", "down", "slowed", "lost_progress")
+CAUSE = {"throttle": "clock_throttled", "nvlink_degraded": "nvlink_degraded", "fabric_link": "fabric_link_errors",
+         "pcie_downgrade": "pcie_link_degraded", "host_starved": "host_starved", "job_slowdown": "job_wide"}
+
+
+@dataclass
+class Result:
+    lines: list[str] = field(default_factory=list)  # one per check, "ok" or "FAIL"
+    failed: int = 0
+
+    def check(self, ok: bool, text: str) -> None:
+        self.lines.append(f"{'ok  ' if ok else 'FAIL'} {text}")
+        self.failed += not ok
+
+
+def _stragglers(fleet: Fleet) -> list[tuple[Any, list[Attempt]]]:
+    """Straggler faults and the synchronous attempts they slow."""
+    out = []
+    for f in fleet.s.faults:
+        if f.kind not in CAUSE:
+            continue
+        end = f.at + f.duration("lasts", fleet.s.duration)
+        if f.kind == "job_slowdown":
+            first = fleet.attempt_at(f.node, f.at)
+            hit = [a for a in fleet.attempts
+                   if first is not None and a.job is first.job and a.start < end and a.end > f.at]
+        else:
+            hit = [a for a in fleet.attempts if f.node in a.nodes and a.start < end and a.end > f.at]
+        hit = [a for a in hit if a.job.kind in SYNCHRONOUS]
+        if hit:
+            out.append((f, hit))
+    return out
+
+
+def truth_jobs(fleet: Fleet) -> dict[str, dict[str, Any]]:
+    step, t = fleet.s.step, fleet.t
+    slowing: dict[int, np.ndarray] = {}  # per attempt, the samples a straggler fault acts on (each once)
+    for f, hit in _stragglers(fleet):
+        end = f.at + f.duration("lasts", fleet.s.duration)
+        for a in hit:
+            busy = (t >= max(f.at, a.start + a.job.load)) & (t < min(end, a.end))
+            slowing[id(a)] = slowing.get(id(a), np.zeros(t.size, bool)) | busy
+    slowed = {}
+    for a in fleet.attempts:
+        if id(a) in slowing:
+            pace = fleet._pace[0][a.nodes[0]][slowing[id(a)]]
+            slowed[id(a)] = float(np.sum(np.clip(1 - 1 / pace, 0, None)) * step)
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(a.job.name for a in fleet.attempts):
+        tries = [a for a in fleet.attempts if a.job.name == name]
+        split = dict.fromkeys(PARTS, 0.0)
+        split["elapsed"] = tries[-1].end - tries[0].start
+        for k, a in enumerate(tries):
+            saves = a.saves(step)
+            split["checkpoint_load"] += min(a.job.load, a.end - a.start)
+            split["checkpoint_save"] += sum(e - b for b, e in saves)
+            split["slowed"] += slowed.get(id(a), 0.0)
+            if k < len(tries) - 1:
+                split["down"] += tries[k + 1].start - a.end
+                split["lost_progress"] += a.end - max([e for _, e in saves] + [a.start + a.job.load])
+        split["productive"] = split["elapsed"] - sum(split[p] for p in PARTS if p != "productive")
+        out[name] = {"start": fleet.start + tries[0].start,
+                     "nodes": sorted({node_name(n) for a in tries for n in a.nodes}),
+                     "attempts": len(tries), "seconds": split}
+    return out
+
+
+def truth_failures(fleet: Fleet) -> list[tuple[str, float, str, int | None]]:
+    """(node, time, kind, xid) of each hardware event the exporter reports."""
+    out: list[tuple[str, float, str, int | None]] = []
+    for f in fleet.s.faults:
+        node, at = node_name(f.node), fleet.start + f.at
+        if f.kind == "xid79_collapse":
+            out += [(node, at, "xid", 79), (node, at, "xid", 145), (node, at, "gpu_lost", None)]
+        elif f.kind == "getattr_spike":
+            out.append((node, at, "xid", 94))
+        elif f.kind == "uncorrectable_steps":
+            for s in f.param("steps", [0, 7200, 18000]):
+                when = at + seconds(s, "steps")
+                out += [(node, when, "xid", 94), (node, when, "uncorrectable_remap", None)]
+        elif f.kind == "correctable_acceleration":
+            out.append((node, at + f.duration("loss_after", 9 * 86400), "gpu_lost", None))
+    return [e for e in out if e[1] < fleet.start + fleet.s.duration]
+
+
+def score(fleet: Fleet, report: dict[str, Any]) -> Result:
+    res = Result()
+    when = {j["name"]: j for j in report["jobs"]}
+    for name, truth in truth_jobs(fleet).items():
+        mine = [j for j in report["jobs"] if sorted(j["nodes"]) == truth["nodes"]
+                and abs(parse_time(j["start"], 0) - truth["start"]) <= 2 * fleet.s.step]
+        if len(mine) != 1:
+            res.check(False, f"job {name}: {len(mine)} report jobs on its nodes from its start")
+            continue
+        j = mine[0]
+        when.pop(j["name"], None)
+        res.check(j["attempts"] == truth["attempts"],
+                  f"job {name}: attempts {j['attempts']} (true {truth['attempts']})")
+        elapsed = truth["seconds"]["elapsed"]
+        for part in ("elapsed", *PARTS):
+            got, true = j["seconds"][part], truth["seconds"][part]
+            res.check(abs(got - true) <= SPLIT_TOLERANCE * elapsed,
+                      f"job {name}: {part} {got:.0f} s (true {true:.0f} s, off {100 * (got - true) / elapsed:+.2f} %)")
+    res.check(not when, f"jobs invented: {sorted(when) or 'none'}")
+    listed = [(f["node"], parse_time(f["time"], 0), f["kind"], f["xid"]) for f in report["failures"]]
+    for node, at, kind, xid in truth_failures(fleet):
+        hit = [x for x in listed if x[0] == node and x[2] == kind and x[3] == xid and abs(x[1] - at) <= fleet.s.step]
+        res.check(bool(hit), f"event {kind} {xid or ''} on {node} at +{(at - fleet.start) / 3600:.2f} h listed")
+        for x in hit[:1]:
+            listed.remove(x)
+    res.check(not listed, f"events invented: {len(listed)} {listed[:3]}")
+    episodes = [(s["node"], parse_time(s["start"], 0), parse_time(s["end"], 0), s["cause"])
+                for s in report["stragglers"]]
+    for f, _hit in _stragglers(fleet):
+        start, end = fleet.start + f.at, fleet.start + f.at + f.duration("lasts", fleet.s.duration)
+        node = "" if f.kind == "job_slowdown" else node_name(f.node)
+        hit = [e for e in episodes if e[0] == node and e[3] == CAUSE[f.kind] and e[1] < end and e[2] > start]
+        res.check(bool(hit), f"straggler {f.kind} on {node or 'job of ' + node_name(f.node)} "
+                  f"at +{f.at / 3600:.2f} h listed as {CAUSE[f.kind]}")
+        for e in hit:
+            episodes.remove(e)
+    res.check(not episodes, f"stragglers invented: {len(episodes)} {episodes[:3]}")
+    return res
+
+
+assert set(CAUSE) == {*causes.CULPRIT_CAUSES, "job_slowdown"}

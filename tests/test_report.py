@@ -1,0 +1,130 @@
+"""`gpunode-exporter report`: its pure parts on known inputs, and its errors against real servers.
+The report scored against simulated fleets on a real backend: tests/test_report_fleet.py."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from exporter.report import goodput, jobs, pace
+from exporter.report.source import ReportError, _number, parse_time
+
+NOW = 1_800_000_000.0
+
+
+def test_times() -> None:
+    assert parse_time("now", NOW) == NOW
+    assert parse_time("-7d", NOW) == NOW - 7 * 86400
+    assert parse_time("-1d12h", NOW) == NOW - 36 * 3600
+    assert parse_time("2026-11-21T00:00:00Z", NOW) == 1795219200.0
+    assert parse_time("2026-11-21T01:00:00+01:00", NOW) == 1795219200.0
+    for bad in ("yesterday", "-7x", "2026-11-21T00:00:00", "", "7d"):
+        with pytest.raises(ReportError):
+            parse_time(bad, NOW)
+
+
+@given(st.text(max_size=12))
+def test_sample_values_are_numbers_or_refused(text: str) -> None:
+    try:
+        value = _number(text)
+    except ValueError:
+        return
+    assert text.strip() == text and (math.isnan(value) or isinstance(value, float))
+
+
+def test_young_daly_gives_the_operations_reports_figures() -> None:
+    """The Lablup B200 operations report: 4K saves 18 s every 133.5 min, 32K 31.7 s every 199 min,
+    100K 30 s every 81.5 min; MTBF 56.2 h. Optima 44.9 / 59.7 / 58.1 min; costs 2.20 / 3.22 / 1.82 %;
+    1.72 % at the 100K optimum."""
+    mtbf = 56.2 * 3600
+    for delta, interval, best, cost in ((18, 133.5, 44.9, 0.0220), (31.7, 199, 59.7, 0.0322), (30, 81.5, 58.1, 0.0182)):
+        yd = goodput.young_daly(delta, interval * 60, mtbf)
+        assert yd["optimal_interval_seconds"] / 60 == pytest.approx(best, abs=0.1)  # inputs published rounded
+        assert yd["cost_fraction"] == pytest.approx(cost, abs=0.00005)
+    assert goodput.young_daly(30, 81.5 * 60, mtbf)["optimal_cost_fraction"] == pytest.approx(0.0172, abs=0.00005)
+    assert goodput.young_daly(0.0, 600, mtbf)["optimal_interval_seconds"] is None  # saves within one scrape
+
+
+def _mask(size: int, *spans: tuple[int, int]) -> np.ndarray:
+    out = np.zeros(size, bool)
+    for a, b in spans:
+        out[a:b] = True
+    return out
+
+
+def test_attempts_are_joined_into_jobs_by_time_and_nodes() -> None:
+    """Workload 7 fails at 100 and restarts as 8 on three of its four nodes 20 samples later (one
+    node's GPU was lost); workload 9 starts on the same nodes 200 samples after 8 ends: a new job.
+    A missed scrape does not end an attempt."""
+    size = 600
+    presence = {("7", "7", f"n{i}"): _mask(size, (0, 100)) for i in range(4)}
+    presence |= {("8", "8", f"n{i}"): _mask(size, (120, 300)) for i in range(3)}
+    presence[("8", "8", "n0")][150] = False  # a missed scrape
+    presence |= {("9", "9", f"n{i}"): _mask(size, (500, 600)) for i in range(3)}
+    presence |= {("x", "x", "n9"): _mask(size, (110, 130))}  # elsewhere
+    found = jobs.join(jobs.attempts(presence), restart_within=90)
+    assert [(j.name, [(a.key, a.first, a.last) for a in j.attempts]) for j in found] == [
+        ("7", [("7", 0, 99), ("8", 120, 299)]), ("x", [("x", 110, 129)]), ("9", [("9", 500, 599)])]
+    assert found[0].nodes == ["n0", "n1", "n2", "n3"]
+
+
+def test_phases_and_the_split_of_an_attempt() -> None:
+    """An attempt that loads for 10 samples, saves twice (2 and 1 samples in the save phase:
+    30 s and 0 s by the report's estimate) and fails 20 samples after its last save ends."""
+    step, size = 30.0, 100
+    write, read, util = np.zeros(size), np.zeros(size), np.full(size, 99.0)
+    read[:10], util[:10] = 5e8, 3.0
+    write[[40, 41, 78]] = 7e8
+    phase = jobs.phases(write, read, util, 333e6, 33e6, 50)
+    assert phase[:10].tolist() == [2] * 10 and phase[40:42].tolist() == [1, 1] and phase[10] == 0
+    t = goodput.attempt_time(jobs.majority([phase, phase, np.zeros(size, np.int8)]), 1000, step, 4, True, [])
+    assert (t.load, t.saves, t.save_seconds) == (300.0, [(1040, 1041), (1078, 1078)], [30.0, 0.0])
+    assert t.lost == (100 - 79) * step
+
+
+def test_a_slow_episode_its_cost_and_its_culprits() -> None:
+    """A job 5 % slower from sample 200 (node n3's clock throttled, its alert from 210) and 8 %
+    slower from 260 to 300 (node n4's host starved, its alert from 265); saves (phase) ignored."""
+    step, size = 30.0, 400
+    speed = np.ones(size) * (1 + 0.002 * np.sin(np.arange(size)))
+    speed[200:300] *= 0.95
+    speed[260:300] *= 0.97
+    training = np.ones(size, bool)
+    training[::50] = False  # saves
+    base = pace.typical(speed, training)
+    assert base == pytest.approx(1.0, abs=0.003)
+    alerts = {("GpuNodeClockThrottled", "n3"): _mask(1000, (510, 600)),
+              ("GpuNodeHostStarved", "n4"): _mask(1000, (565, 600)),
+              ("GpuNodeHostStarved", "n9"): _mask(1000, (500, 600))}  # another job's node
+    found = pace.episodes(speed, training, base, 0.02, 20, step, alerts, ["n3", "n4"], 300)
+    assert [(e.node, e.cause) for e in found] == [("n3", "clock_throttled"), ("n4", "host_starved")]
+    throttled, starved = found
+    assert throttled.first == pytest.approx(200, abs=2) and starved.last == pytest.approx(299, abs=2)
+    assert starved.first == 265  # the newer cause owns the time from its alert on
+    assert throttled.slowdown == pytest.approx(0.05, abs=0.01) and starved.slowdown == pytest.approx(0.078, abs=0.01)
+    assert throttled.lost + starved.lost == pytest.approx((100 * 0.05 + 40 * 0.95 * 0.03) * step, rel=0.15)
+    assert [(e.node, e.cause) for e in pace.episodes(speed, training, base, 0.02, 20, step, {}, ["n3"], 0)] == [
+        ("", pace.JOB_WIDE)]
+    assert pace.episodes(np.ones(size), training, 1.0, 0.02, 20, step, alerts, ["n3"], 300) == []
+
+
+def _report(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "exporter", "report", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_an_unreachable_backend_is_one_line_and_exit_2(tmp_path) -> None:
+    from exporter.http import free_port
+
+    done = _report("--prometheus.url", f"http://127.0.0.1:{free_port()}", "--output", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "cannot reach http://127.0.0.1:" in done.stderr
+    done = _report("--prometheus.url", "http://127.0.0.1:1", "--from=-1d", "--to=-2d", "--output", str(tmp_path))
+    assert (done.returncode, done.stderr.strip()) == (2, "gpunode-exporter report: error: --from -1d is not before "
+                                                         "--to -2d")
