@@ -66,7 +66,8 @@ def selectors(expr: str) -> list[Any]:
 
 def carries(node: Any, label: str) -> bool:
     """Whether a query's result series carry `label`: an aggregation keeps only what it groups by
-    (topk and bottomk keep every label), a binary operation what its vector sides carry, and
+    (topk and bottomk keep every label), a binary operation what its vector sides carry (`and` and
+    `unless` its left side's), and
     every selector here has the node label (test_variables_scope_every_query_to_the_chosen_nodes)."""
     if isinstance(node, promql_parser.AggregateExpr):
         if str(node.op) in ("topk", "bottomk"):
@@ -78,8 +79,8 @@ def carries(node: Any, label: str) -> bool:
             not grouped and carries(node.expr, label)
     if isinstance(node, promql_parser.VectorSelector | promql_parser.MatrixSelector):
         return True
-    if isinstance(node, promql_parser.BinaryExpr):
-        return carries(node.lhs, label) or carries(node.rhs, label)
+    if isinstance(node, promql_parser.BinaryExpr):  # `and`, `unless`: the left side's series only
+        return carries(node.lhs, label) or (str(node.op) not in ("and", "unless") and carries(node.rhs, label))
     if isinstance(node, promql_parser.Call):
         return any(carries(arg, label) for arg in node.args)
     if isinstance(node, promql_parser.ParenExpr | promql_parser.UnaryExpr | promql_parser.SubqueryExpr):

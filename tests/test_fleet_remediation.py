@@ -174,7 +174,7 @@ def test_fingerprint_is_alertmanagers_fnv1a_over_sorted_labels() -> None:
 def test_the_fleet_flag_writes_the_remediation_tables(tmp_path: Path, monkeypatch, capsys) -> None:
     """`python -m fleet --remediation` on the self-test scenario, its backend run replaced by hand-made
     episodes at the truth's times."""
-    def fake_run(backend, fleet, workdir, port=None, spec_path=None):
+    def fake_run(backend, fleet, workdir, port=None, spec_path=None, then=None):
         workdir.mkdir(parents=True, exist_ok=True)
         truth = {t.kind: t for t in fleet.truth()}
         x, th = truth["xid79_collapse"], truth["throttle"]

@@ -12,9 +12,12 @@ from exporter.dashboards.board import (
     FAILSLOW_INPUT,
     FAILSLOW_PEERS,
     JOB_PAST,
+    MEASURED_MTBF,
     PEERS,
     REMEDIATION_ALERTS,
+    RESTARTS,
     SAVES,
+    WORKLOADS,
     Board,
     Query,
     heatmap_panel,
@@ -143,28 +146,34 @@ def build(b: Board) -> None:
 
     b.row("Goodput")
     g = spec["goodput"]
-    b.panel(stat_panel(), "Fleet goodput now",
-            "The share of the nodes running a job that make progress now: per job, its nodes training (neither "
-            "saving nor loading a checkpoint) times its pace against its own past where slower, weighted by "
-            "nodes. Time between a failed job's attempts and progress redone show only in `gpunode-exporter "
-            "report` (docs/report.md), which joins the attempts.", "percentunit",
-            [Query(b.rec("gpunode:fleet_goodput:ratio"))], width=6)
+    # The records are per job or fleet-wide: the node variable picks the jobs its nodes run.
+    running = b.rec("gpunode:node_workload:info")
+    per_job = f"max by (workload) (gpunode:job_goodput:ratio) and on (workload) {running}"
+    b.panel(stat_panel(), "Goodput now",
+            "The share of the selected nodes (all: the fleet) that make progress now: per job, its nodes "
+            "training (neither saving nor loading a checkpoint) times its pace against its own past where slower, "
+            "weighted by nodes (gpunode:job_goodput:ratio). Time between a failed job's attempts and progress "
+            "redone show only in `gpunode-exporter report` (docs/report.md), which joins the attempts.",
+            "percentunit",
+            [Query(f"sum(gpunode:job_goodput:ratio * on (workload) group_left () count by (workload) ({running}))"
+                   f" / sum(count by (workload) ({running}))")], width=6, needs=(WORKLOADS,))
     b.panel(stat_panel(), "Mean time between failures per node (measured)",
-            f"Node-hours running a workload over {duration(g['mtbf_window'])} per job restart (a node starting "
-            f"a new workload within {duration(g['restart_within'])} of another: goodput.restart_within), from "
-            f"{g['min_failures']} restarts on. A job of N nodes fails N times as often; the Young/Daly optimum "
+            f"Fleet-wide: node-hours running a workload over {duration(g['mtbf_window'])} per job restart (a node "
+            f"starting a new workload within {duration(g['restart_within'])} of another: goodput.restart_within), "
+            f"from {g['min_failures']} restarts on. A job of N nodes fails N times as often; the Young/Daly optimum "
             "below uses that job MTBF, or checkpoint.mtbf_seconds until there is a measurement.", "s",
-            [Query(b.rec("gpunode:fleet_mtbf_seconds:per_node"))], width=6)
+            [Query(f"max(gpunode:fleet_mtbf_seconds:per_node) and on () max({running})")], width=6,
+            needs=(WORKLOADS, MEASURED_MTBF))
     restarts = b.rec("gpunode:node_job_restart:share")
     b.panel(time_series(), "Job restarts per day",
-            "Abnormal job ends over the last 24 h: each restart of an N-node job counts 1/N on each of its "
-            "nodes, so once in all.", "short",
-            [Query(f"sum(sum_over_time({restarts}[1d]))", "restarts in 24 h")], width=12)
+            "Abnormal job ends over the last 24 h on the selected nodes: each restart of an N-node job counts 1/N on "
+            "each of its nodes, so once in all.", "short",
+            [Query(f"sum(sum_over_time({restarts}[1d]))", "restarts in 24 h")], width=12, needs=(RESTARTS,))
     b.panel(time_series(), "Goodput per job",
-            "Per job (workload), the share of its nodes training times its pace against its own past where "
-            "slower (gpunode:job_goodput:ratio). A dip to the share of nodes saving is a checkpoint save; a "
-            "long dip, a load or a straggler.", "percentunit",
-            [Query(b.rec("gpunode:job_goodput:ratio"), "{{workload}}")], width=24)
+            "Per job (workload) of the selected nodes, the share of its nodes training times its pace against its own "
+            "past where slower. A dip to the share of nodes saving is a checkpoint save; a long dip, a load or a "
+            "straggler.", "percentunit",
+            [Query(per_job, "{{workload}}")], width=24, needs=(WORKLOADS,))
 
     b.row("Checkpoints")
     b.panel(linked(phases(state_timeline())), "Checkpoint phase per node",
