@@ -4,7 +4,7 @@
 ARGS ?=
 PY := .venv/bin/python
 
-.PHONY: demo run test lint bench bench-rules golden readme rules dashboards fleet
+.PHONY: demo run test lint bench bench-rules bench-report golden readme rules dashboards fleet
 demo:  # root: network namespaces, a tmpfs; ARGS="--scenario healthy", "--duration 0" (until Ctrl-C)
 	scripts/install-deps.sh --demo
 	$(PY) -m demo $(ARGS)
@@ -38,6 +38,10 @@ bench-rules:  # rule evaluation at 1,000 nodes (the single-server pack), then th
 	scripts/install-deps.sh --test
 	$(PY) benchmarks/rules_eval.py
 	$(PY) benchmarks/rules_eval.py --tier fleet --nodes 10000 --output benchmarks/results/rules_eval_fleet.json
+
+bench-report:  # `gpunode-exporter report` over 63 nodes x 14 days on VictoriaMetrics and Prometheus: load, report time, memory, where the time goes (~15 min on 2 CPUs)
+	scripts/install-deps.sh --test
+	$(PY) benchmarks/report.py
 
 golden:  # regenerate tests/golden/ after an intended change; review the diff
 	scripts/install-deps.sh --test

@@ -56,21 +56,50 @@ def missing_tools() -> list[str]:
     return [tool for tools in TOOLS.values() for tool in tools if shutil.which(tool) is None]
 
 
-def _remote_write(fleet: Fleet, url: str) -> int:
+def _remote_write(fleet: Fleet, url: str, nodes_per_pass: int | None = None, spill: Path | None = None) -> int:
     """The fleet into a running backend by remote write, in time order: WRITE_SLICE of every
     series per pass, since Prometheus' head takes no sample an hour older than the newest it
-    holds."""
-    series = list(fleet.series())
-    labels = [remote_write.labels_bytes([("__name__", s.name), *s.labels]) for s in series]
-    values = np.vstack([s.values for s in series])
+    holds. With nodes_per_pass, the fleet is simulated that many nodes at a time, each group kept
+    in a file under `spill` until written (every series at once is ~3 GB at 63 nodes x 14 days,
+    twice while stacked): the writes are the same, in the same order, so Prometheus takes them
+    into its head in order, not into its out-of-order head, as node after node would go."""
     millis = np.round(fleet.timestamps * 1000)
     width = max(1, int(WRITE_SLICE // fleet.s.step))
     session = requests.Session()
-    for first in range(0, millis.size, width):  # a pass only after the last: each series in order
-        part = slice(first, first + width)
-        remote_write.send(session, f"{url}/api/v1/write", remote_write.encode(labels, values[:, part], millis[part]),
-                          PARALLEL_WRITES)
-    return int((~np.isnan(values)).sum())
+    if nodes_per_pass is None:
+        series = list(fleet.series())
+        labels = [remote_write.labels_bytes([("__name__", s.name), *s.labels]) for s in series]
+        values = np.vstack([s.values for s in series])
+        for first in range(0, millis.size, width):  # a pass only after the last: each series in order
+            part = slice(first, first + width)
+            remote_write.send(session, f"{url}/api/v1/write",
+                              remote_write.encode(labels, values[:, part], millis[part]), PARALLEL_WRITES)
+        return int((~np.isnan(values)).sum())
+    if spill is None or nodes_per_pass < 1:
+        raise ValueError("nodes_per_pass needs a spill directory and at least 1 node")
+    spill.mkdir(parents=True, exist_ok=True)
+    labels, groups, samples = [], [], 0
+    for n in range(0, fleet.s.nodes, nodes_per_pass):
+        series = list(fleet.series(range(n, min(n + nodes_per_pass, fleet.s.nodes))))  # node 0: the cluster's too
+        labels += [remote_write.labels_bytes([("__name__", s.name), *s.labels]) for s in series]
+        samples += sum(int((~np.isnan(s.values)).sum()) for s in series)
+        path = spill / f"nodes-{n:05d}.f8"
+        with path.open("wb") as out:  # pass after pass, each pass's rows one after the other
+            for first in range(0, millis.size, width):
+                out.write(np.vstack([s.values[first:first + width] for s in series]).astype("<f8").tobytes())
+        groups.append((path, len(series)))
+        del series
+    for first in range(0, millis.size, width):
+        size = min(first + width, millis.size) - first
+        rows = []
+        for path, count in groups:
+            with path.open("rb") as f:
+                f.seek(count * first * 8)
+                rows.append(np.fromfile(f, "<f8", count * size).reshape(count, size))
+        remote_write.send(session, f"{url}/api/v1/write",
+                          remote_write.encode(labels, np.vstack(rows), millis[first:first + size]), PARALLEL_WRITES)
+    shutil.rmtree(spill)
+    return samples
 
 
 def _wait(url: str, proc: subprocess.Popen[bytes], seconds: float = 120) -> None:
@@ -125,22 +154,13 @@ class Run:
     retried: list[str] = field(default_factory=list)  # replays of lost evaluations (fleet/replay_check.py)
 
 
-def run(backend: str, fleet: Fleet, workdir: Path, port: int | None = None, spec_path: Path | None = None,
-        then: Callable[[str], None] | None = None) -> Run:
-    """Load the fleet into backend, replay the rule pack, return the alert episodes. The server
-    listens on port, by default a free one, so that runs side by side do not meet. `then` is
-    called with the server's URL after the replay, while it still serves (the report)."""
+@contextlib.contextmanager
+def _loaded(backend: str, fleet: Fleet, workdir: Path, port: int | None,
+            nodes_per_pass: int | None) -> Iterator[tuple[str, int]]:
+    """A new server of backend on workdir, the fleet loaded: (its URL, the samples written)."""
     port = port or free_port()
     shutil.rmtree(workdir, ignore_errors=True)  # a stale data directory would add its series twice
     workdir.mkdir(parents=True)
-    rules = workdir / "rules"
-    rules.mkdir(exist_ok=True)
-    spec = load_spec(spec_path)
-    # Each backend's own target: the Prometheus one holds the PromQL forms (changes(), the newest
-    # workload by sample count, whose timestamp() form costs ~25x in Prometheus' range queries).
-    target = "prometheus" if backend == "prometheus" else "vmalert"
-    rule_files = [_replayable(yaml.safe_load(text)) for text in render(spec, target).values()]
-    began = time.monotonic()
     url = f"http://127.0.0.1:{port}"
     if backend == "prometheus":
         data = workdir / "prometheus-data"
@@ -160,7 +180,7 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int | None = None, spec
                   # as -search.maxQueryDuration below: a replay range query over days of 60+ nodes
                   # (the fail-slow peer median) passed the default 2 minutes on a busy machine
                   "--query.timeout=10m"]
-        write_url, ready = url, f"{url}/-/ready"  # vmalert appends /api/v1/write
+        ready = f"{url}/-/ready"
     else:
         data = workdir / "vm-data"
         server = ["victoria-metrics", f"-storageDataPath={data}", f"-httpListenAddr=127.0.0.1:{port}",
@@ -169,12 +189,41 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int | None = None, spec
                   "-maxInsertRequestSize=1GB",
                   # a replay range query of a 3-hour quantile_over_time per node (GpuNodeSlowingDown) took > 30 s
                   "-search.maxQueryDuration=600s"]
-        write_url, ready = url, f"{url}/health"
+        ready = f"{url}/health"
     with _server(server, ready, workdir / f"{backend}.log", lambda: _ours(backend, url, data)):
-        samples = _remote_write(fleet, url)
+        samples = _remote_write(fleet, url, nodes_per_pass, workdir / "spill")
         if backend == "victoriametrics":
             requests.get(f"{url}/internal/force_flush", timeout=60).raise_for_status()
+        yield url, samples
+
+
+@contextlib.contextmanager
+def serve(backend: str, fleet: Fleet, workdir: Path, port: int | None = None,
+          nodes_per_pass: int | None = None) -> Iterator[str]:
+    """A server of backend (BACKENDS) with the fleet loaded, no rules replayed: its URL, while it
+    serves. Its data, log and config go to workdir, emptied first; it listens on port, by default
+    a free one. nodes_per_pass: simulate that many nodes at a time (_remote_write), for fleets
+    too large to hold at once; the server gets the same writes in the same order either way."""
+    with _loaded(backend, fleet, workdir, port, nodes_per_pass) as (url, _samples):
+        yield url
+
+
+def run(backend: str, fleet: Fleet, workdir: Path, port: int | None = None, spec_path: Path | None = None,
+        then: Callable[[str], None] | None = None) -> Run:
+    """Load the fleet into backend, replay the rule pack, return the alert episodes. The server
+    listens on port, by default a free one, so that runs side by side do not meet. `then` is
+    called with the server's URL after the replay, while it still serves (the report)."""
+    spec = load_spec(spec_path)
+    # Each backend's own target: the Prometheus one holds the PromQL forms (changes(), the newest
+    # workload by sample count, whose timestamp() form costs ~25x in Prometheus' range queries).
+    target = "prometheus" if backend == "prometheus" else "vmalert"
+    rule_files = [_replayable(yaml.safe_load(text)) for text in render(spec, target).values()]
+    began = time.monotonic()
+    with _loaded(backend, fleet, workdir, port, None) as (url, samples):
         loaded = time.monotonic()
+        write_url = url  # vmalert appends /api/v1/write
+        rules = workdir / "rules"
+        rules.mkdir(exist_ok=True)
         end = fleet.timestamps[-1] + fleet.s.step
         # One rule per replay, each replay's output flushed before a rule that reads it starts: a
         # rule then reads every earlier rule's complete output. (With all rules in one replay,

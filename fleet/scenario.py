@@ -110,8 +110,11 @@ def _build(name: str, data: Any) -> Scenario:
                     tuple(sorted((k, float(v)) for k, v in spread.items())), float(data.get("daily_drift", 0.01)))
 
 
-def load(name_or_path: str) -> Scenario:
+def load(name_or_path: str, duration: str | float | None = None) -> Scenario:
+    """A shipped scenario by name, or a scenario file; `duration` (`14d`, seconds) in place of the
+    file's: jobs without an `end` then run to the new end, events stay where the file puts them."""
     path = Path(name_or_path)
     if not path.suffix:
         path = SHIPPED / f"{name_or_path}.yaml"
-    return load_yaml(path, lambda data: _build(path.stem, data))
+    return load_yaml(path, lambda data: _build(path.stem, data if duration is None or not isinstance(data, dict)
+                                               else {**data, "duration": duration}))
