@@ -39,7 +39,7 @@ bench-rules:  # rule evaluation at 1,000 nodes (the single-server pack), then th
 	$(PY) benchmarks/rules_eval.py
 	$(PY) benchmarks/rules_eval.py --tier fleet --nodes 10000 --output benchmarks/results/rules_eval_fleet.json
 
-bench-report:  # `gpunode-exporter report` over 63 nodes x 14 days on VictoriaMetrics and Prometheus: load, report time, memory, where the time goes (~15 min on 2 CPUs)
+bench-report:  # `gpunode-exporter report` over 63 nodes x 14 days on VictoriaMetrics and Prometheus: load, report time, memory, where the time goes (~16 min on 2 CPUs)
 	scripts/install-deps.sh --test
 	$(PY) benchmarks/report.py
 
