@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from exporter.report.source import rfc3339 as _rfc3339
+from exporter.report.source import rfc3339
 from fleet import harness, remediation, report_score, scenario, score
 from fleet.simulate import Fleet, Truth, node_name
 
@@ -65,7 +65,7 @@ def score_report(fleet: Fleet, url: str, out: Path, spec: Path | None, results: 
     from exporter import report
 
     began = time.monotonic()
-    report.run(url, _rfc3339(fleet.timestamps[0]), _rfc3339(fleet.timestamps[-1] + fleet.s.step), out, spec)
+    report.run(url, rfc3339(fleet.timestamps[0]), rfc3339(fleet.timestamps[-1] + fleet.s.step), out, spec)
     result = report_score.score(fleet, json.loads((out / "report.json").read_text()))
     (out / "score.txt").write_text("\n".join(result.lines) + "\n")
     print(f"report written to {out} in {time.monotonic() - began:.0f} s", flush=True)

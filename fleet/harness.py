@@ -32,6 +32,7 @@ import yaml
 
 from exporter.http import free_port  # the server binds it a moment later: _ours tells if another did
 from exporter.nvmlsim.scenario import seconds
+from exporter.report.source import rfc3339
 from exporter.rulepack import load_spec, render
 from fleet import remote_write, replay_check
 from fleet.simulate import Fleet
@@ -242,7 +243,7 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int | None = None, spec
             for begin, until in spans:
                 done = subprocess.run(
                     ["vmalert", f"-rule={path}", f"-datasource.url={url}", f"-remoteWrite.url={write_url}",
-                     f"-replay.timeFrom={_rfc3339(begin)}", f"-replay.timeTo={_rfc3339(until)}",
+                     f"-replay.timeFrom={rfc3339(begin)}", f"-replay.timeTo={rfc3339(until)}",
                      f"-replay.maxDatapointsPerQuery={REPLAY_POINTS[backend]}", "-replay.rulesDelay=0s",
                      "-replay.disableProgressBar",
                      "-remoteWrite.flushInterval=100ms", "-datasource.lookback=0s", "-loggerLevel=WARN",
@@ -250,7 +251,7 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int | None = None, spec
                      # rule on a 5-minute grid, which delayed each for: by up to 5 minutes
                      "-datasource.queryStep=0s"],
                     capture_output=True, text=True)
-                log.setdefault(n, []).append(f"--- {path.name} {_rfc3339(begin)}\n{done.stderr}")
+                log.setdefault(n, []).append(f"--- {path.name} {rfc3339(begin)}\n{done.stderr}")
                 if done.returncode != 0 or "dropping" in done.stderr:  # a lost write would score as silence
                     raise RuntimeError(f"vmalert replay of {path} failed: {done.stderr[-2000:]}")
                 flush()
@@ -376,10 +377,6 @@ def _gap_spans(rule_file: dict[str, Any], gap: replay_check.Gap) -> list[tuple[f
     if "record" in rule and rule["record"] in rule["expr"]:
         return [(float(t), float(t) + 1) for t in gap.times()]
     return [(gap.first, gap.last + 1)]
-
-
-def _rfc3339(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 def _alerts(url: str, start: float, end: float, timing: dict[str, tuple[float, float]]) -> list[Firing]:

@@ -41,17 +41,14 @@ class Result:
 
 def _stragglers(fleet: Fleet) -> list[tuple[Any, list[Attempt]]]:
     """Straggler faults and the synchronous attempts they slow."""
+    whole = {id(e): hit for e, hit in fleet.job_events("job_slowdown")}  # a job slowed as a whole
     out = []
     for f in fleet.s.faults:
         if f.kind not in CAUSE:
             continue
         end = f.at + f.duration("lasts", fleet.s.duration)
-        if f.kind == "job_slowdown":
-            first = fleet.attempt_at(f.node, f.at)
-            hit = [a for a in fleet.attempts
-                   if first is not None and a.job is first.job and a.start < end and a.end > f.at]
-        else:
-            hit = [a for a in fleet.attempts if f.node in a.nodes and a.start < end and a.end > f.at]
+        hit = whole.get(id(f), []) if f.kind == "job_slowdown" else [
+            a for a in fleet.attempts if f.node in a.nodes and a.start < end and a.end > f.at]
         hit = [a for a in hit if a.job.kind in SYNCHRONOUS]
         if hit:
             out.append((f, hit))

@@ -100,7 +100,7 @@ class Fleet:
         ahead = [a for a in self.attempts if node in a.nodes and a.end > at]
         return min(ahead, key=lambda a: a.start) if ahead else None
 
-    def _job_events(self, kind: str) -> list[tuple[Event, list[Attempt]]]:
+    def job_events(self, kind: str) -> list[tuple[Event, list[Attempt]]]:
         """Events of a whole job (named by one of its nodes): each with the attempts of that job in its window."""
         out = []
         for e in [*self.s.faults, *self.s.distractors]:
@@ -192,11 +192,11 @@ class Fleet:
         """(extra work of the node's pipeline stage, its garbage-collection pauses) per sample."""
         rng = np.random.default_rng((self.s.seed, n, 3))
         extra, gc = np.zeros(self.t.size), np.zeros(self.t.size)
-        for d, attempts in self._job_events("pipeline_stage"):
+        for d, attempts in self.job_events("pipeline_stage"):
             if d.covers(n):
                 for a in attempts:
                     extra[self._between(max(a.start, d.at), a.end)] = float(d.param("extra", 0.06))
-        for d, attempts in self._job_events("gc_pauses"):
+        for d, attempts in self.job_events("gc_pauses"):
             for a in attempts:
                 if n not in a.nodes:
                     continue
@@ -227,7 +227,7 @@ class Fleet:
             time[n], delay[n] = own.step.time, own.delay
         step, stall = np.ones((nodes, size)), np.zeros((nodes, size))
         stalls = {id(a): np.zeros(size) for a in self.attempts}
-        for e, attempts in self._job_events("job_slowdown"):  # input or storage too slow for every node alike
+        for e, attempts in self.job_events("job_slowdown"):  # input or storage too slow for every node alike
             window = self._between(e.at, e.at + e.duration("lasts", self.s.duration))
             for a in attempts:
                 stalls[id(a)][window] = physics.delay_for(float(e.param("slowdown", 0.05)))
