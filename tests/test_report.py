@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exporter.report import goodput, jobs, pace
-from exporter.report.source import ReportError, _number, parse_time
+from exporter.report.source import ReportError, _number, _numbers, parse_time
 
 NOW = 1_800_000_000.0
 
@@ -36,6 +36,23 @@ def test_sample_values_are_numbers_or_refused(text: str) -> None:
     except ValueError:
         return
     assert text.strip() == text and (math.isnan(value) or isinstance(value, float))
+
+
+_VALUES = st.lists(st.one_of(st.sampled_from(["1.5", "NaN", "+Inf", "-Inf", ".5", "7e-3", "12"]),
+                             st.text(max_size=6), st.none(), st.integers()), max_size=8)
+
+
+@given(_VALUES)
+def test_a_series_values_are_read_as_each_value_is(values: list[object]) -> None:
+    """One check over a series' values refuses what the check of each value refuses, and reads
+    the same numbers."""
+    try:
+        each = [_number(value) for value in values]
+    except ValueError:
+        with pytest.raises(ValueError):
+            _numbers(values)
+        return
+    assert np.array_equal(_numbers(values), np.array(each, dtype=np.float64), equal_nan=True)
 
 
 def test_young_daly_gives_the_operations_reports_figures() -> None:
@@ -112,6 +129,29 @@ def test_a_slow_episode_its_cost_and_its_culprits() -> None:
     assert [(e.node, e.cause) for e in pace.episodes(speed, training, base, 0.02, 20, step, {}, ["n3"], 0)] == [
         ("", pace.JOB_WIDE)]
     assert pace.episodes(np.ones(size), training, 1.0, 0.02, 20, step, alerts, ["n3"], 300) == []
+
+
+def test_a_straggler_for_most_of_a_jobs_life_is_measured_from_its_pace_before() -> None:
+    """A job 8 % slower from its second hour to its end (a PCIe link trained down on n3, its alert
+    from 4 minutes in): all of its 5-minute medians but the first hour's are slow, so its 90th
+    percentile is the slow pace; the samples without a cause alert give the pace before."""
+    step, size = 30.0, 2400
+    speed = np.ones(size) * (1 + 0.002 * np.sin(np.arange(size)))
+    speed[120:] *= 0.92
+    training = np.ones(size, bool)
+    alerts = {("GpuPcieLinkDegraded", "n3"): _mask(size, (128, size)),
+              ("GpuNodeHostStarved", "n9"): _mask(size, (0, size)),  # another job's node
+              ("GpuJobSlowedDown", "n3"): _mask(size, (0, size))}  # no cause
+    quiet = pace.calm(alerts, ["n3", "n4"], slice(0, size))
+    assert quiet[:128].all() and not quiet[128:].any()
+    assert pace.typical(speed, training) == pytest.approx(0.92, abs=0.003)
+    base = pace.typical(speed, training, quiet)
+    assert base == pytest.approx(1.0, abs=0.003)
+    [found] = pace.episodes(speed, training, base, 0.025, 30, step, alerts, ["n3", "n4"], 0)
+    assert (found.node, found.cause, found.slowdown) == ("n3", "pcie_link_degraded", pytest.approx(0.08, abs=0.005))
+    # too little time without an alert (half an hour) to judge the pace by: the 90th percentile
+    early = pace.calm({("GpuPcieLinkDegraded", "n3"): _mask(size, (60, size))}, ["n3"], slice(0, size))
+    assert pace.typical(speed, training, early) == pytest.approx(0.92, abs=0.003)
 
 
 def _report(*args: str) -> subprocess.CompletedProcess[str]:

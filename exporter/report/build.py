@@ -91,10 +91,11 @@ def build(src: Source, spec: dict[str, Any], start: float, end: float) -> dict[s
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # samples without NVLink data: NaN
                 job_pace = np.nanmedian(stack, axis=0).astype(float)
-            tried.append((a, job_phase, job_pace))
-        base = pace.typical(np.concatenate([p for _a, _ph, p in tried]),
-                            np.concatenate([ph == 0 for _a, ph, _p in tried]))
-        for k, (a, job_phase, job_pace) in enumerate(tried):
+            tried.append((a, job_phase, job_pace, pace.calm(alerts, a.nodes, part)))
+        base = pace.typical(np.concatenate([p for _a, _ph, p, _c in tried]),
+                            np.concatenate([ph == 0 for _a, ph, _p, _c in tried]),
+                            np.concatenate([c for _a, _ph, _p, c in tried]))
+        for k, (a, job_phase, job_pace, _calm) in enumerate(tried):
             slow = [] if base is None or base <= 0 else pace.episodes(
                 job_pace, job_phase == 0, base, r["straggler_fraction"], int(r["straggler_for"] // step), step,
                 alerts, a.nodes, a.first)
@@ -122,9 +123,10 @@ def build(src: Source, spec: dict[str, Any], start: float, end: float) -> dict[s
     hardware = failures.xids(src.range(selector(spec, "gpunode_xid_last_event_timestamp_seconds", "gpunode"),
                                        "Xid events"), node, start, end)
     up, failed = selector(spec, "gpunode_gpu_up", "gpunode"), selector(spec, "gpunode_gpu_row_remap_failure", "gpunode")
-    for query, kind in ((f"max by ({node}, gpu) ({up}) == 0", "gpu_lost"),
-                        (f"max by ({node}, gpu) ({failed}) == 1", "remap_failure"),
-                        (f"sum by ({node}, gpu) (idelta({remapped}{pw})) > 0", "uncorrectable_remap")):
+    # Filtered before grouped: the server groups a few series, not every GPU's at every step.
+    for query, kind in ((f"max by ({node}, gpu) ({up} == 0)", "gpu_lost"),
+                        (f"max by ({node}, gpu) ({failed} == 1)", "remap_failure"),
+                        (f"sum by ({node}, gpu) (idelta({remapped}{pw}) > 0)", "uncorrectable_remap")):
         hardware += failures.onsets(src.range(query, kind.replace("_", " ")), node, src.times, kind)
     hardware.sort(key=lambda f: (f.time, f.node, f.kind))
 

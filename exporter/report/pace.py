@@ -3,8 +3,9 @@
 Every step of a synchronous job ends in a collective, so a node that slows holds back every
 node: the job's traffic falls with its pace (the rule pack's GpuJobSlowedDown reads the same).
 Here the pace is the NVLink bandwidth of the job's nodes (the median node, its mean GPU) against
-the attempt's own typical level while it trains (saves and loads left out). An episode is a run
-where the 5-minute median of that ratio stays more than `fraction` below 1 for `least` seconds;
+the job's typical level while it trains (saves and loads left out) with no cause alert on its
+nodes. An episode is a run where the 5-minute median of that ratio stays more than `fraction`
+below 1 for `least` seconds;
 its cost is the time lost, the sum of (1 - ratio) over its samples. The node and cause come from
 the rule pack's cause alerts on the job's nodes during the episode; with none, the job slowed as
 a whole (its input pipeline or storage, or a cause with no alert).
@@ -19,6 +20,7 @@ import numpy as np
 from exporter.report.jobs import runs
 
 SMOOTH = 10  # samples of the rolling median (5 minutes at 30 s)
+CALM_LEAST = 12 * SMOOTH  # an hour at 30 s: enough of a job's pace without a cause alert to judge it by
 # The rule pack's cause alerts (docs/runbooks/failslow.md, gpu.md) and the cause each names.
 CAUSES = {"GpuNodeClockThrottled": "clock_throttled", "GpuNvLinkDegraded": "nvlink_degraded",
           "GpuNodeFabricLinkErrors": "fabric_link_errors", "GpuPcieLinkDegraded": "pcie_link_degraded",
@@ -49,10 +51,23 @@ def rolling_median(values: np.ndarray, width: int) -> np.ndarray:
     return out
 
 
-def typical(pace: np.ndarray, training: np.ndarray) -> float | None:
-    """A job's typical pace: the 90th percentile of its 5-minute medians while it trains. Not the
-    median: a straggler that stays (a link trained down) may hold back most of a job's life."""
+def calm(alerts: dict[tuple[str, str], np.ndarray], nodes: list[str], span: slice) -> np.ndarray:
+    """Per sample of `span`: no cause alert on any of the nodes."""
+    out = np.ones(span.stop - span.start, bool)
+    for (name, node), active in alerts.items():
+        if name in CAUSES and node in nodes:
+            out &= ~active[span]
+    return out
+
+
+def typical(pace: np.ndarray, training: np.ndarray, quiet: np.ndarray | None = None) -> float | None:
+    """A job's typical pace: the 90th percentile of its 5-minute medians while it trains, from the
+    samples with no cause alert on its nodes (`quiet`) where there are CALM_LEAST of them. Not the
+    median: a straggler that stays (a link trained down) may hold back most of a job's life; with
+    its alert left out, even all but the first hour of it."""
     smooth = rolling_median(np.where(training, pace, np.nan), SMOOTH)
+    if quiet is not None and np.count_nonzero(quiet & ~np.isnan(smooth)) >= CALM_LEAST:
+        smooth = np.where(quiet, smooth, np.nan)
     smooth = smooth[~np.isnan(smooth)]
     return float(np.quantile(smooth, 0.9)) if smooth.size >= SMOOTH else None
 
