@@ -91,11 +91,12 @@ def build(src: Source, spec: dict[str, Any], start: float, end: float) -> dict[s
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # samples without NVLink data: NaN
                 job_pace = np.nanmedian(stack, axis=0).astype(float)
-            tried.append((a, job_phase, job_pace, pace.calm(alerts, a.nodes, part)))
-        base = pace.typical(np.concatenate([p for _a, _ph, p, _c in tried]),
-                            np.concatenate([ph == 0 for _a, ph, _p, _c in tried]),
-                            np.concatenate([c for _a, _ph, _p, c in tried]))
-        for k, (a, job_phase, job_pace, _calm) in enumerate(tried):
+            tried.append((a, job_phase, job_pace))
+        base = pace.typical(np.concatenate([p for _a, _ph, p in tried]),
+                            np.concatenate([ph == 0 for _a, ph, _p in tried]),
+                            np.concatenate([pace.calm(alerts, a.nodes, slice(a.first, a.last + 1))
+                                            for a, _ph, _p in tried]))
+        for k, (a, job_phase, job_pace) in enumerate(tried):
             slow = [] if base is None or base <= 0 else pace.episodes(
                 job_pace, job_phase == 0, base, r["straggler_fraction"], int(r["straggler_for"] // step), step,
                 alerts, a.nodes, a.first)
