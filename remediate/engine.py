@@ -159,8 +159,7 @@ class Engine:
     def reconcile(self) -> list[Step]:
         with self.lock:
             waiting, self._waiting_since = self._waiting_since, None
-        now = self.clock()
-        self.ask_alertmanager(now)
+        self.ask_alertmanager(self.clock())
         records = self.state.records()
         try:
             views = self._views(records)
@@ -168,6 +167,9 @@ class Engine:
             self.reconciles["scheduler_error"] += 1
             self.log.error("cannot list the scheduler's nodes: %s", err)
             return []
+        # After the listing, which may take the scheduler's whole timeout: the budget's window ends
+        # when the plan is made, not seconds before.
+        now = self.clock()
         self.listed = len(views)
         if (nodes := counted(self.policy, views)) != self.counted:
             self.counted = nodes
@@ -250,7 +252,9 @@ class Engine:
             if failed_check:
                 step = replace(step, kind="hold", phase="held", action="hold", why=failed_check,
                                reason=f"{MARKER} hold {failed_check}"[:200])
-        action_id = self.state.begin(step, now)
+        # Stamped when the call is made: an earlier call of this pass may have taken the scheduler's
+        # whole timeout, and the budget counts a drain for a window from when it was made.
+        action_id = self.state.begin(step, self.clock())
         status, error = "dry_run", ""
         if self.policy.enforce:
             try:

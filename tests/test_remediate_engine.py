@@ -309,6 +309,32 @@ def test_a_drain_that_timed_out_counts_against_the_budget(tmp_path: Path, cluste
     assert e.state.breaker("enforce").open and e.state.history(e.policy, clock.now).budget_used == 2
 
 
+def test_the_budget_counts_a_drain_from_when_it_was_made_not_from_a_slow_passs_start(
+        tmp_path: Path, cluster: Path) -> None:
+    """A pass whose listing takes long (slurmctld starting again) drains a node minutes after the pass
+    began. The window counts that drain from when it was made: 59 min later, with a budget of 2 per
+    hour, one more node is drained, not two."""
+    clock = Clock()
+    e = engine(tmp_path, cluster, clock, budget={"window": "1h"})
+    listing = e.scheduler.nodes
+
+    def slow_listing(**kwargs: object) -> object:
+        clock.now += 600
+        return listing(**kwargs)
+
+    e.scheduler.nodes = slow_listing  # type: ignore[method-assign]
+    deliver(e, alert_json("GpuNvLinkDegraded", "gpu001", starts=clock.now - 100), clock=clock)
+    drained_at = clock.now
+    e.scheduler.nodes = listing  # type: ignore[method-assign]
+    clock.now = drained_at + 3540
+    deliver(e, *[alert_json("GpuNvLinkDegraded", f"gpu00{n}", starts=clock.now - 100 + n) for n in (2, 3)],
+            clock=clock)
+    assert [c.split()[1] for c in calls(cluster)] == ["gpu001", "gpu002"]
+    assert e.state.history(e.policy, clock.now).budget_used == 2 and e.state.breaker("enforce").open
+    clock.now = drained_at + 3601  # an hour after the first drain was made: it no longer counts
+    assert e.state.history(e.policy, clock.now).budget_used == 1
+
+
 def test_a_state_file_of_the_earlier_version_keeps_its_open_breaker(tmp_path: Path) -> None:
     """One breaker for both modes before: `status` reads it as it is, the service takes it as the
     enforced one (closing it silently would be worse), and `breaker reset` closes it."""

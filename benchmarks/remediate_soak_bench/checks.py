@@ -10,8 +10,9 @@ A call belongs to the episode of its node that fired last before it. Definitions
   resume mid-reset or drain with their own reason, or the crew's resume of a held node), before its
   next episode; a drain of it that only the circuit breaker stopped (the service's `not drained`) too.
 - a new drain: a drain, hold or reboot that took effect on a node not drained by the service just
-  before. Budget exceeded: more distinct nodes newly drained in a budget window (since the last
-  `breaker reset`) than gpunode_remediate_budget_nodes said then.
+  before (as Slurm showed it before the call; when slurmctld could not answer, as the driver last saw
+  it). Budget exceeded: more distinct nodes newly drained in a budget window, by the wrapper's clock
+  (since the last `breaker reset`), than gpunode_remediate_budget_nodes said then.
 - stuck: at the end, a node neither in service (IDLE, no reason), nor held by the service
   (`gpunode: hold ...`), nor an operator's.
 - time to return: the episode's first new drain to the service's return (state=resume) that took effect.
@@ -142,9 +143,17 @@ class Story:
         start = episode.fired_at if episode else 0.0
         return any(n == node and start <= t < at for t, n, _ in self.run.person_took)
 
+    def reason_before(self, call: Call) -> str:
+        """The node's Reason just before the call; when Slurm could not be asked then (slurmctld stopped),
+        the last one the driver saw."""
+        if call.before is not None:
+            return call.before.get("Reason", "")
+        seen = [r for t, _, r in self.run.seen.get(call.node, []) if t < call.at]
+        return seen[-1] if seen else ""
+
     def new_drains(self) -> list[Call]:
         return [c for c in self.calls if c.kind in ("drain", "hold", "reboot") and self.took_effect(c)
-                and not (c.before and c.before.get("Reason", "").startswith("gpunode:"))]
+                and not self.reason_before(c).startswith("gpunode:")]
 
 
 def doubled(story: Story) -> list[str]:
@@ -193,19 +202,26 @@ def uncaused(story: Story) -> list[str]:
     return found
 
 
+# The service stamps a call as it begins it, a few milliseconds before the wrapper logs it: a drain that
+# close to a window's start is left out, not taken as an excess.
+_STAMP_SLACK = 1.0
+
+
 def budget_exceeded(story: Story) -> list[str]:
     window, found = story.policy.budget.window, []
     drains = story.new_drains()
     fallback = story.policy.budget.nodes(len(story.run.nodes))
     for drain in drains:
         reset = max((r for r in story.run.breaker_resets if r <= drain.at), default=0.0)
-        start = max(drain.at - window, reset)
-        nodes = {d.node for d in drains if start <= d.at <= drain.at}
+        start = max(drain.at - window + _STAMP_SLACK, reset)
+        within = [d for d in drains if start <= d.at <= drain.at]
         said = [b for t, b, _ in story.run.budget_seen if abs(t - drain.at) <= 5]
         limit = max(said, default=fallback)
-        if len(nodes) > limit:
-            found.append(f"{drain.node} at {drain.at:.3f}: {len(nodes)} nodes newly drained since {start:.3f} "
-                         f"({', '.join(sorted(nodes))}), budget {limit:g}")
+        if len({d.node for d in within}) > limit:
+            each = ", ".join(f"{d.node} {d.kind} #{d.seq} {drain.at - d.at:.1f} s before "
+                             f"(Reason before {story.reason_before(d)[:40]!r})" for d in within)
+            found.append(f"{drain.node} at {drain.at:.3f}: {len({d.node for d in within})} nodes newly drained "
+                         f"since {start:.3f} (breaker reset {reset:.3f}): {each}; budget {limit:g}")
     return found
 
 
