@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="write the results table here (e.g. docs/fleet-results.md)")
     parser.add_argument("--report", type=Path, metavar="DIR",
                         help="after each replay, run `gpunode-exporter report` over the scenario's whole range into "
-                        "DIR/SCENARIO/BACKEND/ and score it against the simulator's truth (fleet/report_score.py)")
+                        "DIR (one scenario on one backend) or DIR/SCENARIO/BACKEND/ (several), and score it against "
+                        "the simulator's truth (fleet/report_score.py)")
     parser.add_argument("--remediation", action="store_true",
                         help="also replay each run's alerts through gpunode-remediate's policy (fleet/remediation.py)")
     return parser
@@ -97,17 +98,20 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     sections = []
     failed = 0
-    for name in args.scenario or ["standard"]:
+    names, backends = args.scenario or ["standard"], args.backend or harness.BACKENDS
+    several = len(names) * len(backends) > 1
+    for name in names:
         sc = scenario.load(name)
         start = (time.time() // 3600) * 3600 - sc.duration - 3600
         fleet = Fleet(sc, start)
         results = {}
         remedies = []
-        for backend in args.backend or harness.BACKENDS:
+        for backend in backends:
             began = time.monotonic()
             scored: list[report_score.Result] = []
             then = None if args.report is None else functools.partial(
-                score_report, fleet, out=args.report / sc.name / backend, spec=args.spec, results=scored)
+                score_report, fleet, out=args.report / sc.name / backend if several else args.report, spec=args.spec,
+                results=scored)
             run = harness.run(backend, fleet, args.workdir / sc.name / backend, spec_path=args.spec, then=then)
             for result in scored:
                 print("\n".join(result.lines), flush=True)

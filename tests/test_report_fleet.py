@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(bool(harness.missing_tools()),
 def _scored(tmp_path: Path, name: str, backend: str) -> tuple[dict, list[str]]:
     code = fleet_main(["--scenario", name, "--backend", backend, "--workdir", str(tmp_path / "work"),
                        "--report", str(tmp_path / "report")])
-    out = tmp_path / "report" / name / backend
+    out = tmp_path / "report"  # one scenario on one backend: into DIR itself
     lines = (out / "score.txt").read_text().splitlines()
     assert code == 0, "\n".join(line for line in lines if line.startswith("FAIL"))
     assert {p.name for p in out.iterdir()} >= {"report.md", "report.json", "goodput.png"}
