@@ -213,12 +213,12 @@ def test_a_gap_is_replayed_in_one_span_or_one_evaluation_at_a_time_for_a_rule_re
 
 # --- on the real backends: the self-test's fleet, one recording's first replay truncated ----------------------------
 
-NFS = "gpunode:nfs_transport_slot_saturation:rate5m"
+NFS = "gpunode:nfs_rpc_major_timeouts:sum"  # in a group evaluated every 30 s (intervals.default)
 SELFTEST = scenario.load("selftest")
 
 
 def _truncate_first_replay(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The NFS slot saturation's replay starts 90 minutes late, as if its first range query had
+    """The NFS mounts' major timeouts' replay starts 90 minutes late, as if its first range query had
     come back empty: the first 180 evaluations are never written."""
     spans = harness._spans
 
