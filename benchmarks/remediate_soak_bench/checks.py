@@ -217,10 +217,11 @@ def budget_exceeded(story: Story) -> list[str]:
         within = [d for d in drains if start <= d.at <= drain.at]
         said = [b for t, b, _ in story.run.budget_seen if abs(t - drain.at) <= 5]
         limit = max(said, default=fallback)
-        if len({d.node for d in within}) > limit:
+        nodes = {d.node for d in within}
+        if len(nodes) > limit:
             each = ", ".join(f"{d.node} {d.kind} #{d.seq} {drain.at - d.at:.1f} s before "
                              f"(Reason before {story.reason_before(d)[:40]!r})" for d in within)
-            found.append(f"{drain.node} at {drain.at:.3f}: {len({d.node for d in within})} nodes newly drained "
+            found.append(f"{drain.node} at {drain.at:.3f}: {len(nodes)} nodes newly drained "
                          f"since {start:.3f} (breaker reset {reset:.3f}): {each}; budget {limit:g}")
     return found
 
