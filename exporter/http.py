@@ -10,6 +10,7 @@ import socket
 import ssl
 import threading
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,12 +36,32 @@ def parse_listen_address(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+# The last ports free_port handed out, each still bound (not listening) so that no one else gets it.
+_RESERVED: deque[socket.socket] = deque()
+_RESERVED_MAX = 64
+_reserve_lock = threading.Lock()
+
+
 def free_port() -> int:
-    """A loopback port free now, for the servers the demo, the fleet harness, the benchmarks and the
-    tests start: the server binds it a moment later, so the caller checks it got it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port for a server that the demo, the fleet harness, a benchmark or a test starts
+    a moment later. Released at once, the port could go to anyone else's bind(0) or outgoing
+    connection first: two demos side by side had one Prometheus fail with "address already in use".
+    So it stays bound, with SO_REUSEADDR and never listening, until 64 more ports are handed out:
+    the kernel then gives it to no bind(0) and no connect(), while a server that sets SO_REUSEADDR
+    (Go's net.Listen, Python's HTTPServer, Slurm's daemons) binds and listens on it."""
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", 0))  # without SO_REUSEADDR: a port no other socket holds
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # now a server may share it
+        port: int = s.getsockname()[1]
+    except OSError:
+        s.close()
+        raise
+    with _reserve_lock:
+        _RESERVED.append(s)
+        while len(_RESERVED) > _RESERVED_MAX:
+            _RESERVED.popleft().close()
+    return port
 
 
 def _somaxconn() -> int:

@@ -166,6 +166,33 @@ def test_port_in_use_is_reported() -> None:
     assert out.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in out.stderr
 
 
+def test_a_free_port_stays_ours_until_our_server_binds_it() -> None:
+    """Handed out, the port goes to no other bind(0) and no outgoing connection (two demos side by
+    side once lost Prometheus's port so), yet the server started for it, Go's or ours, listens there."""
+    port = free_port()
+    others = [socket.socket() for _ in range(2000)]
+    try:
+        for other in others:
+            other.bind(("127.0.0.1", 0))
+        assert port not in {other.getsockname()[1] for other in others}
+    finally:
+        for other in others:
+            other.close()
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))
+    node_exporter = subprocess.Popen(["prometheus-node-exporter", f"--web.listen-address=127.0.0.1:{port}",
+                                      "--collector.disable-defaults"], stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, alive=lambda: node_exporter.poll() is None)
+        assert "go_goroutines" in requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    finally:
+        node_exporter.terminate()
+        node_exporter.wait(10)
+    web = WebConfig()
+    server = make_server(f"127.0.0.1:{port}", make_handler(lambda: iter([b"up 1\n"]), web, "/metrics", 1), web)
+    server.server_close()
+
+
 def test_scrapes_beyond_max_requests_get_503() -> None:
     entered, release = threading.Event(), threading.Event()
 
