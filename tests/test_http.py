@@ -167,8 +167,8 @@ def test_port_in_use_is_reported() -> None:
 
 
 def test_a_free_port_stays_ours_until_our_server_binds_it() -> None:
-    """Handed out, the port goes to no other bind(0) and no outgoing connection (two demos side by
-    side once lost Prometheus's port so), yet the server started for it, Go's or ours, listens there."""
+    """Handed out, the port goes to no other bind(0) nor to a plain bind (two demos side by side once
+    lost Prometheus's port so), yet the server started for it, Go's or ours, listens there."""
     port = free_port()
     others = [socket.socket() for _ in range(2000)]
     try:
