@@ -4,7 +4,8 @@ Under `base`: its own munged (key, socket, pid, log, seed), slurm.conf, state an
 and /etc/slurm stay untouched. Debian's Slurm is built with MULTIPLE_SLURMD, so each node is a real
 `slurmd -N NAME` on this host, NodeAddr=127.0.0.1 with its own Port: no network namespace, and
 `scontrol_path` is the system scontrol run with `env` (SLURM_CONF=<base>/slurm.conf). RebootProgram logs
-the node to reboots.log and, detached by setsid, restarts its slurmd with `-b` (report a reboot); with
+the node to reboots.log and, detached by setsid, restarts its slurmd as a reboot would (with a boot clock
+of its own: _write_reboot_program); with
 ReturnToService=1 (or 0) `scontrol reboot nextstate=DOWN` leaves the node DOWN until `state=resume`.
 `return_to_service` and `stuck_reboots` (nodes whose reboot stops slurmd and never starts it again, for
 ResumeTimeout to catch) set up the cases tests/test_slurm_reboot_behaviour.py observes.
@@ -34,6 +35,7 @@ DEFAULT_NODES = tuple(f"gpu{i:03d}" for i in range(1, 9))
 TOOLS = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "sbatch", "scancel")
 MARK = "GPUNODE_SLURM_CLUSTER"  # in every daemon's environment: how stop() finds what to kill
 NODE_VAR = "GPUNODE_SLURM_NODE"  # the node a slurmd (and so its RebootProgram) runs for
+BOOT_SECONDS = 2  # a rebooted node's power-on to its slurmd's start: slurmctld's arithmetic needs over 1 s
 
 _ANY_KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z_][\w:/]*)=")  # show job: keys such as ReqB:S:C:T, CPUs/Task
 
@@ -47,6 +49,14 @@ def slurm_unavailable() -> str | None:
     if missing := [name for name in TOOLS if not shutil.which(_tool(name))]:
         return f"{', '.join(missing)} not installed (scripts/install-deps.sh --demo installs them)"
     return None if os.geteuid() == 0 else "a Slurm cluster of our own needs root (SlurmUser=root, its own munged)"
+
+
+def time_namespaces() -> bool:
+    """Whether this kernel (CONFIG_TIME_NS, Linux 5.6+) and our privileges give a process its own boot clock."""
+    try:
+        return subprocess.run(["unshare", "--time", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def _signal(pids: set[int], sig: signal.Signals) -> None:
@@ -266,24 +276,41 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
     def _write_reboot_program(self) -> None:
         """slurmd runs it (by system()) with its own environment, where $GPUNODE_SLURM_NODE names the node.
-        Its detached half (`restart NODE`) stops that slurmd, waits and starts it with -b: a fresh boot;
-        for a node in stuck_reboots it only stops it: a reboot that hangs, for ResumeTimeout to catch."""
+        Its detached half (`restart NODE`) stops that slurmd, keeps it away reboot_seconds (power off), and
+        starts it BOOT_SECONDS after a power-on at a whole second of the host's uptime, in a time namespace
+        whose boot clock starts there: slurmd reports that uptime, and slurmctld takes now - uptime for the
+        boot time. As on a real node, the boot comes after the reboot request and seconds before slurmd
+        registers. `slurmd -b` (boot = slurmd's start) let slurmctld's whole-second arithmetic put the boot
+        after the first registration, and take a later one for a reboot nobody asked for ("Node
+        unexpectedly rebooted", DOWN); it remains where the kernel has no time namespaces.
+        For a node in stuck_reboots it only stops slurmd: a reboot that hangs, for ResumeTimeout to catch."""
         q = shlex.quote
         stuck = " ".join(sorted(self.stuck_reboots))
         script = self.base / "reboot"
+        slurmd = q(_tool("slurmd"))
+        # Offsets count from the host's clock, even in the namespace a rebooted node's slurmd (and so this
+        # script) runs in: the host's uptime is ours minus our boottime offset.
+        host_uptime = ("awk '$1 == \"boottime\" {off = $2 + $3 / 1e9} FILENAME ~ /uptime/ {up = $1 - off; "
+                       "s = int(up) + 1; printf \"%d %.3f\\n\", s, s - up}' /proc/self/timens_offsets /proc/uptime")
+        boot = (f"""set -- "$2" $({host_uptime})
+sleep "$3"  # power-on at the host's uptime $2, where the namespace's uptime is 0
+sleep {BOOT_SECONDS}
+exec unshare --time --boottime "-$2" {slurmd} -D -N "$1\"""" if time_namespaces()
+                else f'exec {slurmd} -D -b -N "$2"')
         script.write_text(f"""#!/bin/sh
 if [ "$1" != restart ]; then
   echo "${NODE_VAR} $(date +%Y-%m-%dT%H:%M:%S)" >> {q(str(self.reboot_log))}
   setsid -f "$0" restart "${NODE_VAR}" </dev/null >/dev/null 2>&1
   exit 0
 fi
+exec >> {q(str(self.logs))}/slurmd-"$2".out 2>&1
 pid=$(cat {q(str(self.base))}/slurmd-"$2".pid)
 kill "$pid"
 # Gone, or a zombie its parent has yet to reap: either way its port is free.
 while [ -e /proc/"$pid" ] && ! grep -qs '^State:.*zombie' /proc/"$pid"/status; do sleep 0.1; done
 case " {stuck} " in *" $2 "*) exit 0;; esac  # a stuck reboot: the node never comes back
 sleep {self.reboot_seconds}
-exec {q(_tool("slurmd"))} -D -b -N "$2" >> {q(str(self.logs))}/slurmd-"$2".out 2>&1
+{boot}
 """)
         script.chmod(0o755)
 

@@ -8,10 +8,12 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from demo.slurm import BOOT_SECONDS, time_namespaces
 from tests.slurm import DEFAULT_NODES, SlurmCluster, flags, skip_without_slurm, slurm_cluster
 
 REASON = "gpunode: test"
@@ -90,6 +92,22 @@ def test_reboot_asap_waits_for_the_running_job(cluster: SlurmCluster) -> None:
     assert cluster.reboots("gpu004") == 1
     cluster.scontrol("update", "nodename=gpu004", "state=resume", check=True)
     cluster.wait_state("gpu004", idle, 15)
+
+
+
+def test_a_rebooted_node_boots_after_the_request_and_seconds_before_its_slurmd(cluster: SlurmCluster) -> None:
+    """As a real node does. slurmctld takes now - uptime, in whole seconds, for the boot time: had the boot
+    been slurmd's start (`slurmd -b`), a registration soon after could look like a reboot nobody asked for,
+    and slurmctld set the node DOWN, "Node unexpectedly rebooted", as a resume followed."""
+    if not time_namespaces():
+        pytest.skip("no time namespaces here: a simulated boot is slurmd's start (slurmd -b)")
+    requested = int(time.time())
+    cluster.scontrol("reboot", "ASAP", "nextstate=DOWN", f"reason={REASON}", "gpu005", check=True)
+    node = cluster.wait_state("gpu005", rebooted_down, 20)
+    boot, slurmd_start = (datetime.fromisoformat(node[key]).timestamp() for key in ("BootTime", "SlurmdStartTime"))
+    assert requested <= boot and slurmd_start - boot >= BOOT_SECONDS, (node["BootTime"], node["SlurmdStartTime"])
+    cluster.scontrol("update", "nodename=gpu005", "state=resume", check=True)
+    cluster.wait_state("gpu005", idle, 15)
 
 
 def _listening(port: int) -> bool:

@@ -4,7 +4,7 @@ as the reboot goes, with ReturnToService=1 and 2, with a reboot that never compl
 
 Slurm appends to our reason (" : reboot issued", then " : reboot complete" or " : reboot timed out") and
 restamps it; it drops it when the node returns to service. Timings are those of this cluster: a reboot takes
-about a second (reboot_seconds=1), SlurmdTimeout=10, ResumeTimeout=20.
+three to four seconds (power off 1 s, BOOT_SECONDS=2 to slurmd), SlurmdTimeout=10, ResumeTimeout=20.
 """
 
 from __future__ import annotations
