@@ -4,9 +4,9 @@ Under `base`: its own munged (key, socket, pid, log, seed), slurm.conf, state an
 and /etc/slurm stay untouched. Debian's Slurm is built with MULTIPLE_SLURMD, so each node is a real
 `slurmd -N NAME` on this host, NodeAddr=127.0.0.1 with its own Port: no network namespace, and
 `scontrol_path` is the system scontrol run with `env` (SLURM_CONF=<base>/slurm.conf). RebootProgram logs
-the node to reboots.log and, detached by setsid, restarts its slurmd as a reboot would (with a boot clock
-of its own: _write_reboot_program); with
-ReturnToService=1 (or 0) `scontrol reboot nextstate=DOWN` leaves the node DOWN until `state=resume`.
+the node to reboots.log and, detached by setsid, restarts its slurmd as a reboot would, with a boot clock
+of its own (_write_reboot_program); with ReturnToService=1 (or 0) `scontrol reboot nextstate=DOWN` leaves
+the node DOWN until `state=resume`.
 `return_to_service` and `stuck_reboots` (nodes whose reboot stops slurmd and never starts it again, for
 ResumeTimeout to catch) set up the cases tests/test_slurm_reboot_behaviour.py observes.
 On exit, the processes with GPUNODE_SLURM_CLUSTER=<base> in their environment, jobs and descendants die.
