@@ -8,12 +8,12 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from demo.slurm import BOOT_SECONDS, time_namespaces
+from remediate.scheduler.slurm import _local_time  # the service's reading of Slurm's times
 from tests.slurm import DEFAULT_NODES, SlurmCluster, flags, skip_without_slurm, slurm_cluster
 
 REASON = "gpunode: test"
@@ -94,7 +94,6 @@ def test_reboot_asap_waits_for_the_running_job(cluster: SlurmCluster) -> None:
     cluster.wait_state("gpu004", idle, 15)
 
 
-
 def test_a_rebooted_node_boots_after_the_request_and_seconds_before_its_slurmd(cluster: SlurmCluster) -> None:
     """As a real node does. slurmctld takes now - uptime, in whole seconds, for the boot time: had the boot
     been slurmd's start (`slurmd -b`), a registration soon after could look like a reboot nobody asked for,
@@ -104,7 +103,7 @@ def test_a_rebooted_node_boots_after_the_request_and_seconds_before_its_slurmd(c
     requested = int(time.time())
     cluster.scontrol("reboot", "ASAP", "nextstate=DOWN", f"reason={REASON}", "gpu005", check=True)
     node = cluster.wait_state("gpu005", rebooted_down, 20)
-    boot, slurmd_start = (datetime.fromisoformat(node[key]).timestamp() for key in ("BootTime", "SlurmdStartTime"))
+    boot, slurmd_start = (_local_time(node[key]) for key in ("BootTime", "SlurmdStartTime"))
     assert requested <= boot and slurmd_start - boot >= BOOT_SECONDS, (node["BootTime"], node["SlurmdStartTime"])
     cluster.scontrol("update", "nodename=gpu005", "state=resume", check=True)
     cluster.wait_state("gpu005", idle, 15)
