@@ -13,8 +13,8 @@ some, the replay lost them: that part is replayed again, and still missing after
 the run fails naming the rule, the range asked and what was written.
 
 The check itself is pure (`Written`, `lost`, `ensure`); `read_written` and `results` are the
-backend's side, one range query of sample counts per rule and a few instant queries of its
-expression where nothing was written.
+backend's side, one range query of sample counts per rule and, where nothing was written, a
+few of its expression (range queries too, as the replay's: `results`).
 """
 
 from __future__ import annotations
@@ -227,14 +227,18 @@ def read_written(url: str, series: str, start: float, end: float, step: float,
 
 
 def results(url: str, expr: str, at: float, step: float, session: requests.Session | None = None) -> int:
-    """How many series `expr` returns at `at`, as an evaluation of the replay at `step` sees it
-    (VictoriaMetrics' implicit windows follow `step`); NaN values are not counted (whether a
-    replay writes them is not asked here)."""
+    """How many series `expr` returns at `at`, as an evaluation of the replay at `step` sees it:
+    from a range query, as the replay's (VictoriaMetrics' implicit windows follow `step`); NaN
+    values are not counted (whether a replay writes them is not asked here).
+
+    Not an instant query: VictoriaMetrics finds series in a per-day index and takes a search's end
+    as exclusive there (`TimeRange.DateRange`), so an instant query whose window ends at 00:00 UTC
+    (an `offset 30s` at 00:00:30) misses a series first seen at that very instant, which the
+    replay's range queries, reaching past it, see. A job restart scraped at midnight was probed as
+    a second restart 30 s later, and the run failed on a loss that retries could never mend."""
     get = session or requests
-    reply = get.post(f"{url}/api/v1/query", timeout=600,
-                     data={"query": expr, "time": f"{at:.3f}", "step": f"{step:g}s"})
+    reply = get.post(f"{url}/api/v1/query_range", timeout=600, data={
+        "query": expr, "start": f"{at:.3f}", "end": f"{at + step:.3f}", "step": f"{step:g}s"})
     reply.raise_for_status()
-    data = reply.json()["data"]
-    if data["resultType"] == "scalar":
-        return int(not math.isnan(float(data["result"][1])))
-    return sum(1 for result in data["result"] if not math.isnan(float(result["value"][1])))
+    return sum(1 for result in reply.json()["data"]["result"] for t, value in result["values"]
+               if abs(float(t) - at) < 0.001 and not math.isnan(float(value)))

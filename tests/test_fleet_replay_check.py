@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 
-from fleet import harness, replay_check, scenario
+from fleet import harness, remote_write, replay_check, scenario
 from fleet.replay_check import Gap, ReplayLostError, Written, ensure, evaluations, lost, written_from_stamps
 from fleet.simulate import Fleet
 from tests.helpers import free_port
@@ -154,18 +155,21 @@ def test_a_loss_that_retries_do_not_mend_fails_naming_the_rule_the_range_and_wha
 
 
 class Backend:
-    """requests' post() for read_written and results: answers from sample timestamps per series."""
+    """requests' post() for read_written and results: sample counts from sample timestamps per
+    series; any other query, the expression's values (a series each) at its range's first
+    evaluation and 1.0 at every later one."""
 
-    def __init__(self, stamps: list[np.ndarray], instant: list[float]) -> None:
-        self.stamps, self.instant, self.asked = stamps, instant, []
+    def __init__(self, stamps: list[np.ndarray], expression: list[float]) -> None:
+        self.stamps, self.expression, self.asked = stamps, expression, []
 
     def post(self, url: str, timeout: float, data: dict[str, str]) -> Any:
         self.asked.append((url.rsplit("/", 1)[1], data))
-        if url.endswith("/query"):
-            result = [{"metric": {}, "value": [float(data["time"]), str(v)]} for v in self.instant]
-            return _Reply({"resultType": "vector", "result": result})
-        window = float(re.search(r"\[(\S+)s\]\)\)$", data["query"]).group(1))
         at = np.arange(float(data["start"]), float(data["end"]) + 1, float(data["step"].rstrip("s")))
+        if not (counted := re.search(r"\[(\S+)s\]\)\)$", data["query"])):
+            return _Reply({"resultType": "matrix", "result": [
+                {"metric": {"n": str(n)}, "values": [[float(t), str(v if t == at[0] else 1.0)] for t in at]}
+                for n, v in enumerate(self.expression)]})
+        window = float(counted.group(1))
         counts = [sum(int(((s > t - window - 1e-9) & (s <= t)).sum()) for s in self.stamps) for t in at]
         values = [[float(t), str(c)] for t, c in zip(at, counts, strict=True) if c]
         return _Reply({"resultType": "matrix", "result": [{"metric": {}, "values": values}] if values else []})
@@ -195,7 +199,8 @@ def test_the_backend_is_asked_for_sample_counts_per_evaluation_in_chunks_and_the
     assert len(queries) == 2  # 11,521 evaluations: 10,000 and 1,521
     assert queries[0]["query"] == f"sum(count_over_time({selector}[29s]))"
     assert replay_check.results("http://b", "x / y", START, STEP, backend) == 2  # NaN is no result
-    assert backend.asked[-1] == ("query", {"query": "x / y", "time": f"{START:.3f}", "step": "30s"})
+    assert backend.asked[-1] == ("query_range", {"query": "x / y", "start": f"{START:.3f}",
+                                                 "end": f"{START + STEP:.3f}", "step": "30s"})
     assert replay_check.selector({"alert": "NfsSlotTableSaturated", "expr": "x > 0.9"}) == (
         '{__name__="ALERTS",alertname="NfsSlotTableSaturated"}')
 
@@ -262,3 +267,32 @@ def test_a_replay_whose_retries_write_nothing_fails_the_run(tmp_path: Path, monk
     assert f"from {replay_check.iso(start + 5400)} to {replay_check.iso(end)}" in message
     assert "2 retries of those evaluations did not write them" in message
     assert "(retry 2 of 2)" in (tmp_path / "vmalert-replay.log").read_text()  # written when a run fails too
+
+
+@pytest.mark.parametrize("backend", harness.BACKENDS)
+def test_a_series_first_seen_at_midnight_is_probed_as_the_replays_range_queries_see_it(
+        backend: str, tmp_path: Path) -> None:
+    """Workload b's first sample falls on 00:00:00 UTC, as a restart scraped on a 30 s grid can.
+    The job-restart recording's form (a workload not seen in the 45 minutes before the last
+    evaluation) has b at 00:00 and not at 00:00:30, in a range query over the hour around it, as
+    the replay writes it; the probe must say the same at each evaluation. (An instant query at
+    00:00:30 on VictoriaMetrics, whose window then ends at 00:00 exactly, saw b as new again.)"""
+    if tools := harness.missing_tools():
+        pytest.skip(f"not installed: {', '.join(tools)} (scripts/install-deps.sh --test installs them)")
+    fleet = Fleet(SELFTEST, (time.time() // 3600) * 3600 - SELFTEST.duration - 3600)
+    midnight = fleet.timestamps[0] // 86400 * 86400
+    stamps = grid(midnight - 1200, midnight + 600)
+    values = np.vstack([np.where(stamps <= midnight - 600, 1.0, np.nan), np.where(stamps >= midnight, 1.0, np.nan)])
+    labels = [remote_write.labels_bytes([("__name__", "probe_workload"), ("workload", w)]) for w in "ab"]
+    expr = "probe_workload unless on (workload) max_over_time(probe_workload[45m] offset 30s)"
+    with harness.serve(backend, fleet, tmp_path, free_port()) as url:
+        remote_write.send(requests.Session(), f"{url}/api/v1/write",
+                          remote_write.encode(labels, values, np.round(stamps * 1000)))
+        if backend == "victoriametrics":
+            requests.get(f"{url}/internal/force_flush", timeout=60).raise_for_status()
+        around = requests.post(f"{url}/api/v1/query_range", timeout=60, data={
+            "query": f"count({expr})", "start": midnight - HOUR, "end": midnight + HOUR, "step": "30s"})
+        seen = {float(t): int(v) for t, v in around.json()["data"]["result"][0]["values"]}
+        probed = {t: replay_check.results(url, expr, t, STEP) for t in grid(midnight - 90, midnight + 90)}
+        assert probed == {t: seen.get(t, 0) for t in probed}
+        assert seen.get(midnight) == 1 and midnight + STEP not in seen
