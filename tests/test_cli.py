@@ -173,6 +173,10 @@ def test_a_missing_path_is_the_same_one_line_error_for_every_command(command: st
     ("selectors:\n  node: 'job=~\"[\"'\n", "key 'selectors.node': 'job=~\"[\"' is no list of label matchers"),
     ("out_of_service: 'foo_bar(up) == 1'\n", "key 'out_of_service': 'foo_bar(up) == 1' is no valid PromQL"),
     ("labels:\n  node: 'in stance'\n", "keys changed from the shipped spec: 'labels.node'"),
+    ("failslow:\n  clock_violation_policies: [power, 'thermal\"']\n",
+     "key 'failslow.clock_violation_policies': 'thermal\"': a policy is named in"),
+    ("failslow:\n  clock_violation_policies: [power, thermal, power]\n",
+     "key 'failslow.clock_violation_policies': 'power': a policy is named in"),
 ])
 @pytest.mark.parametrize("command", ["rules", "dashboards"])
 def test_a_spec_that_makes_invalid_promql_is_one_line_and_writes_nothing(tmp_path: Path, spec: str, message: str,

@@ -4,6 +4,7 @@ naming the spec key (exit 2), and nothing is written."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -43,7 +44,13 @@ def _blame(spec: dict[str, Any], what: str, err: Exception) -> ConfigError:
 
 
 def check_spec(spec: dict[str, Any]) -> None:
-    """The keys that hold PromQL themselves: each selector, and out_of_service."""
+    """The keys that hold PromQL themselves: each selector, and out_of_service; and the violation
+    policies, each of which names a rule group (a name twice, two groups of one name)."""
+    policies = spec["failslow"]["clock_violation_policies"]
+    for policy in policies:
+        if not re.fullmatch(r"[a-z0-9_]+", policy) or policies.count(policy) > 1:
+            raise ConfigError(f"key 'failslow.clock_violation_policies': {policy!r}: a policy is named in "
+                              "lower-case letters, digits and _, and listed once")
     for name, value in spec["selectors"].items():
         try:
             _parse(f"up{{{value}}}")
