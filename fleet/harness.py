@@ -193,9 +193,15 @@ def _loaded(backend: str, fleet: Fleet, workdir: Path, port: int | None,
         ready = f"{url}/health"
     with _server(server, ready, workdir / f"{backend}.log", lambda: _ours(backend, url, data)):
         samples = _remote_write(fleet, url, nodes_per_pass, workdir / "spill")
-        if backend == "victoriametrics":
-            requests.get(f"{url}/internal/force_flush", timeout=60).raise_for_status()
+        searchable(backend, url)
         yield url, samples
+
+
+def searchable(backend: str, url: str) -> None:
+    """What was written to the server at url, found by the next query: VictoriaMetrics holds new
+    samples in memory for a second or so before a search sees them; Prometheus' head, at once."""
+    if backend == "victoriametrics":
+        requests.get(f"{url}/internal/force_flush", timeout=60).raise_for_status()
 
 
 @contextlib.contextmanager
@@ -235,10 +241,6 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int | None = None, spec
         log: dict[int, list[str]] = {}
         retried: list[str] = []
 
-        def flush() -> None:
-            if backend == "victoriametrics":
-                requests.get(f"{url}/internal/force_flush", timeout=60).raise_for_status()
-
         def vmalert(n: int, path: Path, spans: list[tuple[float, float]]) -> None:
             for begin, until in spans:
                 done = subprocess.run(
@@ -254,7 +256,7 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int | None = None, spec
                 log.setdefault(n, []).append(f"--- {path.name} {rfc3339(begin)}\n{done.stderr}")
                 if done.returncode != 0 or "dropping" in done.stderr:  # a lost write would score as silence
                     raise RuntimeError(f"vmalert replay of {path} failed: {done.stderr[-2000:]}")
-                flush()
+                searchable(backend, url)
 
         def replay(n: int) -> None:
             path = rules / f"rule-{n:03d}.yml"

@@ -288,8 +288,7 @@ def test_a_series_first_seen_at_midnight_is_probed_as_the_replays_range_queries_
     with harness.serve(backend, fleet, tmp_path, free_port()) as url:
         remote_write.send(requests.Session(), f"{url}/api/v1/write",
                           remote_write.encode(labels, values, np.round(stamps * 1000)))
-        if backend == "victoriametrics":
-            requests.get(f"{url}/internal/force_flush", timeout=60).raise_for_status()
+        harness.searchable(backend, url)
         around = requests.post(f"{url}/api/v1/query_range", timeout=60, data={
             "query": f"count({expr})", "start": midnight - HOUR, "end": midnight + HOUR, "step": "30s"})
         seen = {float(t): int(v) for t, v in around.json()["data"]["result"][0]["values"]}
