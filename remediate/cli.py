@@ -103,12 +103,25 @@ def breaker_command(policy: policies.Policy, state: State, command: str, reason:
         return (f"circuit breaker opened by a person{tag} (it was {was}): no drain, reboot, reset, return or "
                 "requeue until `gpunode-remediate breaker reset`")
     state.set_breaker(policy.mode, Breaker(False, False, now, "reset by a person", now))
+    closed = f"circuit breaker closed{tag} (it was {was}). Drains before now no longer count"
+    window = f"in the next {policy.budget.window / 3600:g}h"
+    taken = "nodes whose alerts still fire are taken at its next look, first alerted first"
     counted = state.counted()
-    budget = (f"{policy.budget.nodes(counted)} node(s) of the {counted} counted at the last look"
-              if counted is not None else "its budget")
-    return (f"circuit breaker closed{tag} (it was {was}). Drains before now no longer count: the service may drain "
-            f"{budget} in the next {policy.budget.window / 3600:g}h; nodes whose alerts still fire are taken at "
-            "its next look, first alerted first")
+    if counted is None:
+        return f"{closed}: the service may drain its budget {window}; {taken}"
+    # The reset clears the window, not the nodes in care: past budget.in_care the next drain reopens it.
+    budget, care, in_care = policy.budget.nodes(counted), policy.budget.care(counted), len(state.records())
+    limit = (f"{in_care} node(s) in the service's care, of {care} allowed (budget.in_care "
+             f"{policy.budget.in_care:g} of the {counted} counted at the last look)")
+    if in_care >= care:
+        return (f"{closed}, but the nodes in care do: {limit}, so in effect it may drain 0 nodes: the next drain "
+                "opens the breaker again. Nodes must leave its care first: they return once resolved, held ones "
+                "when a person fixes them and resumes them in the scheduler (`gpunode-remediate status` lists them)")
+    if care - in_care < budget:
+        return (f"{closed}: the service may drain {care - in_care} node(s) {window}, not the {budget} of its "
+                f"budget: {limit}; {taken}")
+    return (f"{closed}: the service may drain {budget} node(s) of the {counted} counted at the last look "
+            f"{window}; {taken}")
 
 
 _RETURN_TO_SERVICE = {

@@ -185,6 +185,31 @@ def test_a_breaker_reset_clears_the_budgets_window(tmp_path: Path, cluster: Path
     assert [c.split()[1] for c in calls(cluster)] == ["gpu001", "gpu002", "gpu003", "gpu004"]
 
 
+@pytest.mark.parametrize(("in_care", "says", "drains"), [
+    (1.0, "the service may drain 2 node(s) of the 40 counted at the last look in the next 24h; nodes whose", 2),
+    (0.075, "the service may drain 1 node(s) in the next 24h, not the 2 of its budget: 2 node(s) in the "
+     "service's care, of 3 allowed (budget.in_care 0.075 of the 40 counted at the last look)", 1),
+    (0.05, "Drains before now no longer count, but the nodes in care do: 2 node(s) in the service's care, of 2 "
+     "allowed (budget.in_care 0.05 of the 40 counted at the last look), so in effect it may drain 0 nodes: "
+     "the next drain opens the breaker again", 0),
+], ids=["room", "part", "full"])
+def test_a_breaker_reset_says_what_budget_in_care_leaves(tmp_path: Path, cluster: Path, in_care: float, says: str,
+                                                         drains: int) -> None:
+    """The reset clears the window, not the nodes in care: what it says it may drain is what it drains."""
+    clock = Clock()
+    e = engine(tmp_path, cluster, clock, budget={"in_care": in_care})
+    deliver(e, *[alert_json("GpuNodeHostStarved", f"gpu{i:03d}", starts=clock.now - 100 + i) for i in range(1, 31)],
+            clock=clock)
+    assert len(calls(cluster)) == 2 and len(e.state.records()) == 2
+    clock.now += 60
+    said = breaker_command(e.policy, e.state, "reset", "", clock.now)
+    assert says in said
+    assert ("may drain 2 node(s)" in said) == (drains == 2)
+    e.reconcile()
+    assert len(calls(cluster)) == 2 + drains
+    assert e.state.breaker("enforce").open
+
+
 def test_a_pause_stops_every_call_until_a_reset(tmp_path: Path, cluster: Path) -> None:
     clock = Clock()
     e = engine(tmp_path, cluster, clock)
