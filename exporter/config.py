@@ -108,6 +108,27 @@ class WorkloadConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    # The node's own clock of its checkpoint saves (collector checkpoint): a save is a run of
+    # seconds in which the node's NFS mounts send WRITE payload faster than save_write_bytes per
+    # second, the rule pack's save threshold (its checkpoint.save_write_bytes), read every
+    # sample_seconds; a dip shorter than gap_seconds (a pause between files, a COMMIT) continues it.
+    save_write_bytes: float = 333e6
+    sample_seconds: float = 1.0
+    gap_seconds: float = 5.0
+    # Mount points counted (regular expressions, any matching); none: every NFS mount, as the rule
+    # pack's checkpoint.mounts counts every mount by default.
+    mountpoints: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for pattern in self.mountpoints:
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ConfigError(f"key 'checkpoint.mountpoints': {pattern!r}: {err}") from None
+
+
+@dataclass(frozen=True)
 class StorageConfig:
     # Interfaces that carry storage traffic besides those routing to NFS servers (e.g. NFS over RDMA).
     interfaces: tuple[str, ...] = ()
@@ -117,6 +138,7 @@ class StorageConfig:
 class Config:
     # A collector still running after this many seconds is reported failed for the scrape.
     collector_timeout_seconds: float = 5.0
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     gpu: GPUConfig = field(default_factory=GPUConfig)
     gpu_processes: GPUProcessesConfig = field(default_factory=GPUProcessesConfig)
     nfs: NFSConfig = field(default_factory=NFSConfig)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -17,7 +18,8 @@ from pathlib import Path
 
 from exporter import config, webconfig
 from exporter.collector import Context
-from exporter.collector.nfs import read_mount_files
+from exporter.collector.checkpoint import written_bytes
+from exporter.collector.nfs import read_mount_files, read_own_or_init
 from exporter.collector.storage_network import storage_interfaces
 from exporter.ethtool import Ethtool
 from exporter.kmsg import KmsgReader
@@ -115,6 +117,25 @@ def _nfs(ctx: Context) -> Iterator[Finding]:
     for problem in parsed.problems[:5]:
         yield Finding("nfs", WARN, f"{problem.mountpoint} line {problem.line}: {problem.reason}",
                       "counted in gpunode_nfs_parse_errors_total; the rest of the mount is served")
+
+
+def _checkpoint(ctx: Context) -> Iterator[Finding]:
+    c = ctx.config.checkpoint
+    try:
+        _pid, text = read_own_or_init(ctx.procfs, "mountstats")
+    except OSError as err:
+        yield Finding("checkpoint", FAIL, f"mountstats: {err.strerror or err}",
+                      f"mount procfs at --path.procfs ({ctx.procfs}); in a container, the host's /proc")
+        return
+    counted = written_bytes(text, [re.compile(p) for p in c.mountpoints])
+    every = f"WRITE over {c.save_write_bytes / 1e6:g} MB/s, read every {c.sample_seconds:g} s"
+    if counted:
+        yield Finding("checkpoint", OK, f"times saves to {', '.join(sorted({m for m, _ in counted}))} ({every})")
+    elif c.mountpoints:
+        yield Finding("checkpoint", WARN, f"no NFS mount matches checkpoint.mountpoints {list(c.mountpoints)}",
+                      "fix checkpoint.mountpoints in --config.file: no save is timed until one matches")
+    else:
+        yield Finding("checkpoint", OK, f"no NFS mounts: no save is timed until one appears ({every})")
 
 
 def _storage(ctx: Context) -> Iterator[Finding]:
@@ -221,6 +242,7 @@ def findings(args: argparse.Namespace) -> Iterator[Finding]:
         "gpu": lambda: _nvml(ctx),
         "xid": lambda: (*_kmsg(ctx, _nvml_works(ctx)), *_state(ctx)),
         "nfs": lambda: _nfs(ctx),
+        "checkpoint": lambda: _checkpoint(ctx),
         "storage_network": lambda: _storage(ctx),
         "gpu_processes": lambda: _gpu_processes(ctx),
         "staging": lambda: _staging(ctx),

@@ -57,6 +57,7 @@ class Scenario:
     distractors: tuple[Event, ...]
     gpu_spread: tuple[tuple[str, float], ...] = ()  # SPREAD_KEYS -> standard deviation of a GPU's offset
     daily_drift: float = 0.01  # every GPU's clock moves by this share over the day, lowest in the afternoon
+    no_save_clock: tuple[int, ...] = ()  # nodes whose exporter keeps no save clock (an older one)
 
 
 def _events(data: Any, where: str, kinds: tuple[str, ...], nodes: int) -> tuple[Event, ...]:
@@ -84,7 +85,7 @@ def _events(data: Any, where: str, kinds: tuple[str, ...], nodes: int) -> tuple[
 
 def _build(name: str, data: Any) -> Scenario:
     known = {"description", "nodes", "duration", "step", "seed", "checkpoint_every", "sessions", "jobs", "faults",
-             "distractors", "gpu_spread", "daily_drift"}
+             "distractors", "gpu_spread", "daily_drift", "no_save_clock"}
     if not isinstance(data, dict):
         raise ConfigError("want a mapping")
     if unknown := set(data) - known:
@@ -107,7 +108,8 @@ def _build(name: str, data: Any) -> Scenario:
     return Scenario(name, nodes, duration, seconds(data.get("step", 30), "step"), int(data.get("seed", 1)),
                     jobs, _events(data.get("faults", []), "faults", FAULTS, nodes),
                     _events(data.get("distractors", []), "distractors", DISTRACTORS, nodes),
-                    tuple(sorted((k, float(v)) for k, v in spread.items())), float(data.get("daily_drift", 0.01)))
+                    tuple(sorted((k, float(v)) for k, v in spread.items())), float(data.get("daily_drift", 0.01)),
+                    parse_nodes(data["no_save_clock"], "no_save_clock", nodes) if "no_save_clock" in data else ())
 
 
 def load(name_or_path: str, duration: str | float | None = None) -> Scenario:

@@ -168,6 +168,7 @@ class Fleet:
         m = {k: np.zeros(t.size, bool) for k in ("training", "single", "inference", "burnin", "load", "save")}
         m["demand"] = np.zeros(t.size)
         m["save_part"] = np.zeros(t.size)
+        m["save_clock"] = np.zeros(t.size)
         for a in self.attempts:
             if n not in a.nodes:
                 continue
@@ -182,6 +183,12 @@ class Fleet:
                     m["save"] |= during & touched
                     # its writeback spread over the samples it touches, each above the save phase's threshold
                     m["save_part"][during & touched] = 1 / min(2, max(1, (during & touched).sum()))
+                    # the exporter's save clock: the seconds sampled at 1 s whose writes pass the threshold
+                    # (those the save fills more than half of), in the sample that carries its bytes; a single
+                    # node's save (a quarter of the bytes) stays under it
+                    first, last = round(begin), round(end if a.job.save is not None else begin + step)
+                    if (during & touched).any() and a.job.kind == "training":
+                        m["save_clock"] += np.clip(t + step - first, 0, last - first)
             if a.job.kind == "inference":  # a daily curve, 24-90 % busy, its peak in the afternoon
                 curve = 0.57 - 0.33 * np.cos(2 * np.pi * (t + self.start - 5 * 3600) / 86400)
                 m["demand"] = np.where(during, curve, m["demand"])
@@ -387,6 +394,8 @@ class Fleet:
         for source in ("nvml", "pci"):
             yield emit("gpunode_gpus_visible", "gpunode", ones * GPUS, source=source)
         yield emit("gpunode_kmsg_records_lost_total", "gpunode", ones * 0)
+        if n not in self.s.no_save_clock:
+            yield emit("gpunode_checkpoint_save_seconds_total", "gpunode", m["save_clock"])
         xids: dict[tuple[int, int], np.ndarray] = {}
         for g in range(GPUS):
             uuid = f"GPU-{n:08x}-0000-0000-0000-{g:012x}"

@@ -54,6 +54,7 @@ def test_a_healthy_node_passes(node) -> None:
     assert "driver 550.54.15, 8 GPUs" in checks["nvml"][-1]
     assert " ok " in checks["gpus"][0] and "NVML 8, PCI bus 8, expected 8" in checks["gpus"][0]
     assert any("mountstats v1.1" in line for line in checks["nfs"]), checks["nfs"]
+    assert " ok " in checks["checkpoint"][0] and "times saves to /mnt/" in checks["checkpoint"][0]
     assert not [line for lines in checks.values() for line in lines if " fail " in line]
 
 
@@ -123,6 +124,15 @@ def test_no_mountstats(node) -> None:
     assert code == 1
     assert " fail " in checks["nfs"][0] and "mountstats" in checks["nfs"][0]
     assert "--path.procfs" in checks["nfs"][1]
+    assert " fail " in checks["checkpoint"][0] and "--path.procfs" in checks["checkpoint"][1]
+
+
+def test_checkpoint_mountpoints_that_match_no_mount(node, tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(yaml.safe_dump({"nfs": {"resolve_devices": False}, "checkpoint": {"mountpoints": ["^/ckpt$"]}}))
+    code, checks = doctor(*_replace(node, "--config.file", cfg))
+    assert code == 0
+    assert " warn " in checks["checkpoint"][0] and "^/ckpt$" in checks["checkpoint"][0]
 
 
 def test_bad_config_and_web_config_files(node, tmp_path: Path) -> None:

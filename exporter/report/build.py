@@ -66,8 +66,15 @@ def build(src: Source, spec: dict[str, Any], start: float, end: float) -> dict[s
     util = _by_node(src.range(f"avg by ({node}) ({selector(spec, 'DCGM_FI_DEV_GPU_UTIL', 'dcgm')})", "GPU use"), node)
     nvlink = selector(spec, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "dcgm")
     speed = _by_node(src.range(f"avg by ({node}) ({nvlink})", "NVLink traffic"), node)
-    alerts = {(dict(k).get("alertname", ""), dict(k).get(node, "")): ~np.isnan(v) for k, v in src.range(
-        f'max by (alertname, {node}) (ALERTS{{alertname=~"{"|".join(pace.CAUSES)}"}})', "cause alerts").items()}
+    saving = selector(spec, "gpunode_checkpoint_save_seconds_total", "gpunode")
+    clock = _by_node(src.range(f"max by ({node}) ({saving})", "checkpoint save clocks"), node)
+    # Firing only: a pending alert has not held for its `for`, and on a small job's neighbours of
+    # the culprit (which slow with it) one may begin and end within it.
+    alerts: dict[pace.Key, np.ndarray] = {}
+    for k, v in src.range(f'max by (alertname, {node}, cause) (ALERTS{{alertstate="firing", '
+                          f'alertname=~"{"|".join(pace.CAUSES)}"}})', "cause alerts").items():
+        key = pace.key(dict(k), node)
+        alerts[key] = alerts[key] | ~np.isnan(v) if key in alerts else ~np.isnan(v)
     nan = np.full(src.size, np.nan, np.float64)
     phase = {n: jobs.phases(write.get(n, nan), read.get(n, nan), util.get(n, nan), c["save_write_bytes"],
                             c["load_read_bytes"], c["load_gpu_utilization"]) for n in {k[2] for k in presence}}
@@ -106,8 +113,10 @@ def build(src: Source, spec: dict[str, Any], start: float, end: float) -> dict[s
                                       "cause": e.cause, "slowdown": round(e.slowdown, 4), "job": job.name,
                                       "lost_seconds": round(e.lost, 1),
                                       "gpu_hours": round(e.lost * len(a.nodes) * r["gpus_per_node"] / 3600, 2)})
-            times.append(goodput.attempt_time(job_phase, a.first, step, int(c["load_gap"] // step),
-                                              k < len(job.attempts) - 1, slow))
+            took = goodput.attempt_time(job_phase, a.first, step, int(c["load_gap"] // step),
+                                        k < len(job.attempts) - 1, slow)
+            goodput.time_saves(took, [clock[n] for n in a.nodes if n in clock])
+            times.append(took)
         split = goodput.job_split(job, times, step)
         job_out.append({
             "name": job.name, "workloads": sorted({w for a in job.attempts for w in a.workloads}),

@@ -2,9 +2,11 @@
 
 A job's elapsed time (first attempt's start to last attempt's end) splits into:
 - checkpoint_load: each attempt's start until its nodes leave the load phase;
-- checkpoint_save: each save, estimated as the Lablup B200 operations report did (Table 10):
-  (samples in the save phase - 1) x the scrape interval, unbiased when saves fall at random
-  between scrapes;
+- checkpoint_save: each save, timed by the node itself where its exporter keeps the clock
+  (gpunode_checkpoint_save_seconds_total, read every second: its increase over the save, the
+  median over the job's nodes); else estimated as the Lablup B200 operations report did (Table
+  10): (samples in the save phase - 1) x the scrape interval, unbiased when saves fall at random
+  between scrapes but 0 for every save shorter than a scrape;
 - down: between an attempt's end and the next one's start;
 - lost_progress: after an abnormal end, the work since the last save (or the load) is redone;
 - slowed: progress lost to a slower pace (pace.py);
@@ -33,6 +35,7 @@ class AttemptTime:
     load: float = 0.0
     saves: list[tuple[int, int]] = field(default_factory=list)  # (first, last) grid indices of each save
     save_seconds: list[float] = field(default_factory=list)
+    timed: int = 0  # saves of save_seconds timed by the nodes' own clocks (the rest: estimated)
     lost: float = 0.0
     slowed: float = 0.0
 
@@ -55,6 +58,30 @@ def attempt_time(phase: np.ndarray, first: int, step: float, load_gap: int, abno
         out.lost = max(0, phase.size - saved) * step
     out.slowed = sum(e.lost for e in slow)
     return out
+
+
+def time_saves(attempt: AttemptTime, clocks: list[np.ndarray]) -> None:
+    """Each save's duration from the nodes' save clocks (their counter on the whole grid, NaN
+    where absent), where any node has one: the median over the nodes of its increase from two
+    samples before the save to two after (so no second of it falls outside), short of the saves
+    either side."""
+    saves = attempt.saves
+    for i, (first, last) in enumerate(saves):
+        lo = max(first - 2, saves[i - 1][1] + 1 if i else 0, 0)
+        hi = min(last + 2, saves[i + 1][0] - 1 if i + 1 < len(saves) else last + 2)
+        rises = [r for c in clocks if (r := increase(c[lo:hi + 1])) is not None]
+        if rises:
+            attempt.save_seconds[i] = float(np.median(rises))
+            attempt.timed += 1
+
+
+def increase(values: np.ndarray) -> float | None:
+    """A counter's increase over its samples (NaN: none), a fall read as a restart from 0."""
+    v = values[~np.isnan(values)]
+    if v.size < 2:
+        return None
+    rise = np.diff(v)
+    return float(np.where(rise >= 0, rise, v[1:]).sum())
 
 
 def young_daly(delta: float | None, interval: float | None, mtbf: float | None) -> dict[str, float | None]:
@@ -87,6 +114,8 @@ def checkpoint(times: list[AttemptTime], step: float, mtbf: float | None) -> dic
     loads = [t.load for t in times if t.load > 0]
     interval = float(np.mean(gaps)) if gaps else None
     delta = float(np.mean(saves)) if saves else None
-    return {"saves": len(saves), "interval_seconds": interval, "save_seconds": delta,
+    timed = sum(t.timed for t in times)
+    clock = None if not saves else "node" if timed == len(saves) else "scrapes" if not timed else "node and scrapes"
+    return {"saves": len(saves), "interval_seconds": interval, "save_seconds": delta, "save_clock": clock,
             "load_seconds": float(np.mean(loads)) if loads else None, "mtbf_seconds": mtbf,
             **young_daly(delta, interval, mtbf)}

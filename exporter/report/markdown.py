@@ -62,13 +62,17 @@ def render(r: dict[str, Any], figures: dict[str, str]) -> str:
                   f"| {f['action'] or ''} |" for f in r["failures"]]
     lines += ["", "## Checkpoints", "",
               "Young/Daly: an interval T costs save/T + T/(2 MTBF) of the time; the optimum is sqrt(2 save MTBF).", "",
-              "| job | saves | interval | save | load | job MTBF | cost | optimum | cost at optimum |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "A save is timed by its nodes' own clock where their exporter keeps one (`node`: "
+              "gpunode_checkpoint_save_seconds_total, read every second); else estimated from the samples in the save "
+              "phase (`scrapes`: (samples - 1) x the interval, 0 for a save shorter than a scrape, so no optimum).", "",
+              "| job | saves | interval | save | timed by | load | job MTBF | cost | optimum | cost at optimum |",
+              "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for j in jobs:
         c = j["checkpoint"]
         lines.append(f"| {j['name']} | {c['saves']} | {_h(c['interval_seconds'])} | {_h(c['save_seconds'])} "
-                     f"| {_h(c['load_seconds'])} | {_h(c['mtbf_seconds'])} | {_pct(c['cost_fraction'], 2)} "
-                     f"| {_h(c['optimal_interval_seconds'])} | {_pct(c['optimal_cost_fraction'], 2)} |")
+                     f"| {c.get('save_clock') or ''} | {_h(c['load_seconds'])} | {_h(c['mtbf_seconds'])} "
+                     f"| {_pct(c['cost_fraction'], 2)} | {_h(c['optimal_interval_seconds'])} "
+                     f"| {_pct(c['optimal_cost_fraction'], 2)} |")
     for name, path in figures.items():
         if name.startswith("young-daly"):
             lines += ["", f"![Young/Daly cost curve]({path})"]
