@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import ServerProcess, free_port, git_commit, percentile
 from reference_node import hold_kmsg_open, write_reference_node
-from reference_scrape import Target, _measure
+from reference_scrape import Target, measure
 
 from exporter.collector.checkpoint import written_bytes
 from exporter.collector.nfs import read_own_or_init
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             for server in servers:
                 server.start()
             try:
-                times, _fresh, series = _measure(servers, targets, args.scrapes)
+                times, _fresh, series = measure(servers, targets, args.scrapes)
                 before = {s.key: s.cpu_seconds() for s in servers}
                 time.sleep(args.idle)
                 idle = {s.key: (s.cpu_seconds() - before[s.key]) / args.idle for s in servers}

@@ -112,7 +112,7 @@ def _stats(times: list[float]) -> dict[str, float]:
             "p99_seconds": percentile(times, 0.99)}
 
 
-def _measure(servers: list[ServerProcess], targets: dict[str, Target], scrapes: int
+def measure(servers: list[ServerProcess], targets: dict[str, Target], scrapes: int
              ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, int]]:
     """Kept-alive scrapes of each server in turn, then as many on a new connection each."""
     for server in servers:
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             for server in servers:
                 server.start()
             try:
-                times, fresh, series = _measure(servers, targets, args.scrapes)
+                times, fresh, series = measure(servers, targets, args.scrapes)
                 memory = {s.key: s.memory_kib() for s in servers}
             finally:
                 for server in servers:

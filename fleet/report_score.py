@@ -32,6 +32,7 @@ from fleet.simulate import SYNCHRONOUS, Fleet, node_name
 SPLIT_TOLERANCE = 0.02  # of the job's elapsed time
 SAVE_TOLERANCE = 2.0  # seconds per save: the exporter samples once a second, at each end of a save
 OPTIMUM_TOLERANCE = 0.03  # of the optimal interval
+HOLDS_FOR = 900.0  # seconds a fault's node must hold its job back to be a straggler: goodput.straggler_for
 PARTS = ("productive", "checkpoint_save", "checkpoint_load", "down", "slowed", "lost_progress")
 # The cause the report names for each straggler fault; a throttle's by its reason, a fabric link's
 # by its fabric (the fault's param, fleet/causes.py's default where the scenario gives none).
@@ -59,7 +60,10 @@ class Result:
 
 
 def _stragglers(fleet: Fleet) -> list[tuple[Any, list[Attempt]]]:
-    """Straggler faults and the synchronous attempts they slow."""
+    """Straggler faults and the synchronous attempts they slow: those where the fault's node is
+    the one its job waits for, for HOLDS_FOR at least. A starved host or a throttled GPU on a node
+    that is seldom the slowest of its job (a slower one holds the job back all the while) costs it
+    nothing the report could see, nor does a link delay that another link's exceeds."""
     whole = {id(e): hit for e, hit in fleet.job_events("job_slowdown")}  # a job slowed as a whole
     out = []
     for f in fleet.s.faults:
@@ -67,11 +71,24 @@ def _stragglers(fleet: Fleet) -> list[tuple[Any, list[Attempt]]]:
             continue
         end = f.at + f.duration("lasts", fleet.s.duration)
         hit = whole.get(id(f), []) if f.kind == "job_slowdown" else [
-            a for a in fleet.attempts if f.node in a.nodes and a.start < end and a.end > f.at]
+            a for a in fleet.attempts if f.node in a.nodes and a.start < end and a.end > f.at
+            and _holds_back(fleet, f, a, end)]
         hit = [a for a in hit if a.job.kind in SYNCHRONOUS]
         if hit:
             out.append((f, hit))
     return out
+
+
+def _holds_back(fleet: Fleet, f: Any, a: Attempt, end: float) -> bool:
+    """Whether the fault's node sets its job's step for HOLDS_FOR of the fault's time in the attempt
+    (fleet/physics.py: the slowest node's own time, plus the largest link delay)."""
+    window = (fleet.t >= max(f.at, a.start)) & (fleet.t < min(end, a.end))
+    own = {n: fleet._own(n)[0] for n in a.nodes}
+    link = f.kind in causes.LINK_CAUSES
+    mine = own[f.node].delay if link else own[f.node].step.time
+    others = [own[n].delay if link else own[n].step.time for n in a.nodes if n != f.node]
+    rest = np.max(others, axis=0) if others else np.zeros(fleet.t.size)
+    return int((mine[window] > rest[window]).sum()) * fleet.s.step >= HOLDS_FOR
 
 
 def truth_jobs(fleet: Fleet) -> dict[str, dict[str, Any]]:

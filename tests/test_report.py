@@ -215,6 +215,22 @@ def test_a_neighbours_alert_that_leaves_the_pace_as_it_was_names_no_culprit() ->
     assert found[0].node == "n1"
 
 
+def test_a_second_cause_on_a_much_slower_job_is_read_in_step_time() -> None:
+    """The lablup scenario's pretrain-b: a power brake costs the job 23 % (its step 1.298 of its
+    typical one) from sample 100; a starved host adds 3 % of a step from 300 (1.328): its pace falls
+    from 0.770 to 0.753, 2.3 %, less than the 2.5 % a straggler takes, yet it is a second cause."""
+    step, size = 30.0, 600
+    steps = np.ones(size)
+    steps[100:] += 0.298
+    steps[300:] += 0.03
+    speed = (1 + 0.002 * np.sin(np.arange(size))) / steps
+    alerts = {("GpuNodeClockThrottled", "n1", "clock_power_brake"): _mask(size, (108, 600)),
+              ("GpuNodeHostStarved", "n2", "host_starved"): _mask(size, (308, 600))}
+    found = pace.episodes(speed, np.ones(size, bool), 1.0, 0.025, 30, step, alerts, ["n1", "n2", "n3"], 0)
+    assert [(e.node, e.cause) for e in found] == [("n1", "clock_power_brake"), ("n2", "host_starved")]
+    assert found[1].first == pytest.approx(308, abs=2)
+
+
 def test_cause_alerts_are_keyed_by_their_cause_label() -> None:
     """The cause is the alert's `cause` label; an alert of a rule pack from before the label: its
     alert's cause."""

@@ -104,8 +104,10 @@ def render(r: dict[str, Any], figures: dict[str, str]) -> str:
         lines += ["| start | end | job | node | cause | slower by | GPU-hours lost |",
                   "|---|---|---|---|---|---:|---:|"]
         lines += [f"| {s['start']} | {s['end']} | {s['job']} | {s['node'] or '(the whole job)'} "
-                  f"| {s['cause'].replace('_', ' ')} | {_pct(s['slowdown'])} | {s['gpu_hours']:,.1f} |"
+                  f"| `{s['cause']}` | {_pct(s['slowdown'])} | {s['gpu_hours']:,.1f} |"
                   for s in r["stragglers"]]
+        lines += ["", "Each cause is the word the rule pack's cause alert carries in its `cause` label; what it "
+                  "means and its fix: docs/runbooks/failslow.md."]
     else:
         lines.append("No job ran slower than its own pace for long.")
     rem = r.get("remediation")
