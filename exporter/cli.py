@@ -257,8 +257,8 @@ def _render(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except OSError as err:
         sys.stderr.write(f"{PROG}: error: cannot write {args.out}: {err.strerror}\n")
         return 1
-    for name in files:
-        print(args.out / name)
+    # One write: a reader that stops early (`| head`) has the whole list in the pipe, not a broken one.
+    sys.stdout.write("".join(f"{args.out / name}\n" for name in files))
     if args.command == "rules" and spec["runbook_base_url"] != rulepack.shipped_spec()["runbook_base_url"]:
         sys.stderr.write(f"{PROG}: warning: alerts link to {spec['runbook_base_url']}/AREA.md#alertname: keep a "
                          "copy of docs/runbooks/ there, its file names and headings as they are, or the links "
