@@ -83,12 +83,11 @@ def _holds_back(fleet: Fleet, f: Any, a: Attempt, end: float) -> bool:
     """Whether the fault's node sets its job's step for HOLDS_FOR of the fault's time in the attempt
     (fleet/physics.py: the slowest node's own time, plus the largest link delay)."""
     window = (fleet.t >= max(f.at, a.start)) & (fleet.t < min(end, a.end))
-    own = {n: fleet._own(n)[0] for n in a.nodes}
-    link = f.kind in causes.LINK_CAUSES
-    mine = own[f.node].delay if link else own[f.node].step.time
-    others = [own[n].delay if link else own[n].step.time for n in a.nodes if n != f.node]
-    rest = np.max(others, axis=0) if others else np.zeros(fleet.t.size)
-    return int((mine[window] > rest[window]).sum()) * fleet.s.step >= HOLDS_FOR
+    time, delay, _drained = fleet.node_steps
+    part = delay if f.kind in causes.LINK_CAUSES else time
+    others = [n for n in a.nodes if n != f.node]
+    rest = part[others].max(axis=0) if others else np.zeros(fleet.t.size)
+    return int((part[f.node][window] > rest[window]).sum()) * fleet.s.step >= HOLDS_FOR
 
 
 def truth_jobs(fleet: Fleet) -> dict[str, dict[str, Any]]:

@@ -225,13 +225,20 @@ class Fleet:
         return own, m, present, drained
 
     @cached_property
-    def _pace(self) -> tuple[np.ndarray, np.ndarray]:
-        """(step time, input stall) of the job each node runs, per node and sample: 1 and 0 where none."""
+    def node_steps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(own step time, link delay, drained) per node and sample: what each node brings to its job's step."""
         nodes, size = self.s.nodes, self.t.size
         time, delay, drained = np.zeros((nodes, size)), np.zeros((nodes, size)), np.zeros((nodes, size), bool)
         for n in range(nodes):
             own, _m, _present, drained[n] = self._own(n)
             time[n], delay[n] = own.step.time, own.delay
+        return time, delay, drained
+
+    @cached_property
+    def _pace(self) -> tuple[np.ndarray, np.ndarray]:
+        """(step time, input stall) of the job each node runs, per node and sample: 1 and 0 where none."""
+        nodes, size = self.s.nodes, self.t.size
+        time, delay, drained = self.node_steps
         step, stall = np.ones((nodes, size)), np.zeros((nodes, size))
         stalls = {id(a): np.zeros(size) for a in self.attempts}
         for e, attempts in self.job_events("job_slowdown"):  # input or storage too slow for every node alike
