@@ -181,7 +181,7 @@ class SimScheduler:
         return spans
 
 
-class _Engine(Engine):
+class SimEngine(Engine):
     """The service's engine; a GPU reset goes to the simulated scheduler instead of a command."""
 
     def _carry_out(self, step: Step) -> None:
@@ -273,7 +273,7 @@ def replay(firing: list[Firing], nodes: list[str], policy: Policy = POLICY, star
     clock = [start]
     scheduler = SimScheduler(nodes, clock, step)
     with _quiet():
-        engine = _Engine(policy, State(Path(":memory:")), scheduler, clock=lambda: clock[0],
+        engine = SimEngine(policy, State(Path(":memory:")), scheduler, clock=lambda: clock[0],
                          healthy=lambda node, policy: None)
         timeline: dict[str, list[Event]] = {}
         sent: dict[int, bool] = {}  # episode -> resolved yet

@@ -14,6 +14,10 @@ of saves, the interval within a scrape, and where the nodes' exporters time the 
 save within SAVE_TOLERANCE seconds and the Young/Daly optimum within OPTIMUM_TOLERANCE of the
 one the true save time gives (with the report's own MTBF, which the attempts check); where no
 node of a job keeps the clock, that the report says it estimated them from the scrapes.
+
+A job's retries: each failed attempt blamed on the first event the fault that ended it logs (none
+for a failure the scenario lists: an NCCL timeout, a user's error), and the GPU-hours its failed
+attempts ran within two of the report's steps of each one's.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from exporter.config import seconds
+from exporter.report.goodput import gpu_hours
 from exporter.report.source import parse_time
 from fleet import causes
 from fleet.jobs import Attempt
@@ -104,6 +109,7 @@ def truth_jobs(fleet: Fleet) -> dict[str, dict[str, Any]]:
             pace = fleet._pace[0][a.nodes[0]][slowing[id(a)]]
             slowed[id(a)] = float(np.sum(np.clip(1 - 1 / pace, 0, None)) * step)
     out: dict[str, dict[str, Any]] = {}
+    events = truth_failures(fleet)
     for name in dict.fromkeys(a.job.name for a in fleet.attempts):
         tries = [a for a in fleet.attempts if a.job.name == name]
         split = dict.fromkeys(PARTS, 0.0)
@@ -119,6 +125,11 @@ def truth_jobs(fleet: Fleet) -> dict[str, dict[str, Any]]:
         split["productive"] = split["elapsed"] - sum(split[p] for p in PARTS if p != "productive")
         job = tries[0].job
         out[name] = {"start": fleet.start + tries[0].start,
+                     # each failed attempt's culprit: the first event its killing fault logs, at its end
+                     "blamed": [next(((n, k, x) for n, at, k, x in events if abs(at - fleet.start - a.end) < 1
+                                      and n in {node_name(m) for m in a.nodes}), (None, None, None))
+                                for a in tries[:-1]],
+                     "failed": [(a.end - a.start, _ran(fleet, a)) for a in tries[:-1]],
                      "nodes": sorted({node_name(n) for a in tries for n in a.nodes}),
                      "attempts": len(tries), "seconds": split,
                      # a single node saves a quarter of the bytes, under the save threshold at any grain, and a
@@ -128,6 +139,13 @@ def truth_jobs(fleet: Fleet) -> dict[str, dict[str, Any]]:
                      "interval": job.checkpoint_every,
                      "clock": "scrapes" if set(job.nodes) <= set(fleet.s.no_save_clock) else "node"}
     return out
+
+
+def _ran(fleet: Fleet, a: Attempt) -> int:
+    """The attempt's nodes that ran it: a node drained all the while left the job (fleet/simulate.py)."""
+    _time, _delay, drained = fleet.node_steps
+    during = (fleet.t >= a.start) & (fleet.t < a.end)
+    return sum(not drained[n][during].all() for n in a.nodes)
 
 
 def truth_failures(fleet: Fleet) -> list[tuple[str, float, str, int | None]]:
@@ -171,6 +189,30 @@ def _checkpoints(res: Result, name: str, truth: dict[str, Any], got: dict[str, A
               f"{delta:.1f} s saves)")
 
 
+def _culprit(event: tuple[str | None, str | None, int | None] | None) -> str:
+    if event is None:
+        return "(not listed)"
+    node, kind, xid = event
+    return f"{node} {kind} {xid or ''}".strip() if node else "none"
+
+
+def _retries(res: Result, name: str, truth: dict[str, Any], got: dict[str, Any], gpus: int, step: float) -> None:
+    """Each failed attempt's culprit (node, kind, Xid; none for a failure the scenario lists) and the
+    GPU-hours they ran, in the report's own GPUs per node, within two of its steps per attempt (an
+    attempt reads from the step its first sample falls in to the one after its last)."""
+    if not truth["blamed"]:
+        return
+    found = [(f["node"], f["kind"], f["xid"]) for f in got["failed_attempts"]]
+    for k, true in enumerate(truth["blamed"]):
+        mine = found[k] if k < len(found) else None
+        res.check(mine == true, f"job {name}: failed attempt {k + 1} blamed on {_culprit(mine)} "
+                  f"(true {_culprit(true)})")
+    hours = sum(gpu_hours(took, nodes, gpus) for took, nodes in truth["failed"])
+    slack = sum(gpu_hours(2 * step, nodes, gpus) for _took, nodes in truth["failed"])
+    res.check(abs(got["failed_gpu_hours"] - hours) <= slack,
+              f"job {name}: failed attempts' GPU-hours {got['failed_gpu_hours']:.1f} (true {hours:.1f})")
+
+
 def score(fleet: Fleet, report: dict[str, Any]) -> Result:
     res = Result()
     when = {j["name"]: j for j in report["jobs"]}
@@ -190,6 +232,7 @@ def score(fleet: Fleet, report: dict[str, Any]) -> Result:
             res.check(abs(got - true) <= SPLIT_TOLERANCE * elapsed,
                       f"job {name}: {part} {got:.0f} s (true {true:.0f} s, off {100 * (got - true) / elapsed:+.2f} %)")
         _checkpoints(res, name, truth, j["checkpoint"], fleet.s.step)
+        _retries(res, name, truth, j, report["gpus_per_node"], report["step_seconds"])
     res.check(not when, f"jobs invented: {sorted(when) or 'none'}")
     listed = [(f["node"], parse_time(f["time"], 0), f["kind"], f["xid"]) for f in report["failures"]]
     for node, at, kind, xid in truth_failures(fleet):

@@ -188,6 +188,19 @@ def status_text(policy: policies.Policy, state: State, now: float) -> str:
     for node, (note, at) in sorted(state.notes().items()):
         if node not in records:
             lines.append(f"{node}  left alone since {_when(at)}: {note}")
+    if policy.jobs.enabled:
+        statuses = ("done",) if policy.enforce else ("done", "dry_run")
+        chains = state.held_chains(statuses)
+        used = state.requeues_since(max(now - policy.budget.window, breaker.budget_from), statuses)
+        lines.append(f"jobs requeued in the last {policy.budget.window / 3600:g}h{dry}: {used} of "
+                     f"{policy.jobs.budget}; retry chains held for a person: {len(chains)}")
+        for chain in chains:
+            ends = [e for e in state.job_ends(chain.ended_at - policy.jobs.window, statuses) if e.job == chain.job]
+            blamed = ",".join(sorted({node for e in ends for node in e.culprits})) or "none"
+            shared = ",".join(chain.shared) or "none"
+            lines.append(f"job {chain.job}  held{dry}  since {_when(chain.ended_at)}  {chain.attempts} abnormal "
+                         f"ends; blamed: {blamed}; nodes its attempts shared: {shared}; next: a person releases "
+                         f"it (scontrol release {chain.job}) or cancels it")
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,7 @@ from remediate.alerts import Alert, Notification
 from remediate.command import CommandError, run
 from remediate.plan import MARKER, NodeView, Record, Step, counted, plan, span
 from remediate.policy import Policy
+from remediate.recovery import Recovery
 from remediate.scheduler import Scheduler
 from remediate.state import Breaker, State
 
@@ -68,6 +69,7 @@ class Engine:
                         "budget and breaker start clean", dropped)
         for action in state.interrupted(clock()):
             self._interrupted(action.node, action.kind)
+        self.recovery = Recovery(policy, state, scheduler, self.log, clock) if policy.jobs.enabled else None
 
     def _interrupted(self, node: str, kind: str) -> None:
         """A call cut short by a restart. The scheduler shows whether a drain, reboot or resume took
@@ -181,8 +183,16 @@ class Engine:
                 self._returns_rebooted = self.scheduler.returns_rebooted()
             except CommandError as err:
                 self.log.warning("cannot read whether the scheduler returns rebooted nodes by itself: %s", err)
+        jobs, lemons = None, {}
+        if self.recovery is not None:
+            try:
+                jobs = self.recovery.list_jobs()
+            except CommandError as err:
+                self.reconciles["scheduler_error"] += 1
+                self.log.error("cannot list the scheduler's jobs: %s; no job is requeued meanwhile", err)
+            lemons = self.recovery.find_lemons(now)
         steps = plan(now, self.policy, views, self.state.firing(), self.state.last_resolved(), records, history,
-                     bool(self._returns_rebooted))
+                     bool(self._returns_rebooted), lemons)
         for step in steps:
             if waiting is not None and step.calls:
                 self._decided(self.clock() - waiting)
@@ -190,6 +200,8 @@ class Engine:
             self._apply(step, records.get(step.node), now)
         if waiting is not None:
             self._decided(self.clock() - waiting)
+        if self.recovery is not None and jobs is not None:
+            self.recovery.run(now, jobs, views, self._paused)
         self.state.forget_alerts(now - _FORGET_AFTER)
         self.reconciles["ok"] += 1
         self.last_reconcile = now

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from exporter import __version__
 from exporter.family import Family, MetricSpec
 from remediate.engine import Engine
+from remediate.jobs import BRANCHES
 from remediate.plan import PHASES
 
 P = "gpunode_remediate_"
@@ -45,6 +46,15 @@ DECISION = MetricSpec(P + "decision_seconds_total", "counter",
                       "Seconds from a notification's arrival to the first scheduler call it led to, summed.")
 DECISIONS = MetricSpec(P + "decisions_total", "counter", "Notifications acted on (the count behind "
                        "decision_seconds_total).")
+REQUEUES = MetricSpec(P + "job_requeues_total", "counter", "Abnormal job ends decided since start, by branch: "
+                      "app_fault (requeued at once), node_fault (requeued without the culprit), backoff (no "
+                      "culprit: requeued to start after the backoff), held (the chain stopped for a person).",
+                      ("branch",))
+CHAINS = MetricSpec(P + "job_chains_held", "gauge", "Retry chains held for a person (scontrol requeuehold).")
+CHAIN = MetricSpec(P + "job_chain_held_attempts", "gauge", "A held retry chain's abnormal ends, by Slurm job id "
+                   "and the nodes its failed attempts shared.", ("job_id", "nodes"))
+LEMONS = MetricSpec(P + "lemon_nodes", "gauge", "Nodes blamed for failed attempts of several different jobs "
+                    "(jobs.lemon): left out of every requeue and drained.")
 LAST_DECISION = MetricSpec(P + "last_decision_seconds", "gauge",
                            "Seconds from the latest acted-on notification's arrival to its first scheduler call.")
 
@@ -107,3 +117,15 @@ def families(engine: Engine) -> Iterator[Family]:
     yield one(DECISION, engine.decision_seconds)
     yield one(DECISIONS, engine.decisions)
     yield one(LAST_DECISION, engine.last_decision_seconds)
+    if engine.recovery is not None:
+        requeues = REQUEUES.family()
+        for branch in BRANCHES:
+            requeues.add((branch,), engine.recovery.requeues[branch])
+        yield requeues
+        held_chains = state.held_chains(engine.recovery.statuses)
+        yield one(CHAINS, len(held_chains))
+        chains = CHAIN.family()
+        for chain in held_chains:
+            chains.add((chain.job, ",".join(chain.shared)), chain.attempts)
+        yield chains
+        yield one(LEMONS, len(engine.recovery.lemons))

@@ -151,9 +151,10 @@ def counted(policy: Policy, views: Mapping[str, NodeView]) -> int:
 
 def plan(now: float, policy: Policy, views: Mapping[str, NodeView], firing: Mapping[str, Sequence[Alert]],
          last_resolved: Mapping[str, float], records: Mapping[str, Record], history: History,
-         returns_rebooted: bool = False) -> list[Step]:
+         returns_rebooted: bool = False, lemons: Mapping[str, str] | None = None) -> list[Step]:
     """Steps for every node that has firing alerts or a record, first-alerted node first (it gets the
-    budget first). `last_resolved`: node -> when its latest alert resolved. `returns_rebooted`: the
+    budget first). `lemons`: node -> why job recovery blames it (remediate/jobs.py): held as a repeat
+    offender when not in care already. `last_resolved`: node -> when its latest alert resolved. `returns_rebooted`: the
     scheduler returns a node to service once it registers after a reboot (Slurm's ReturnToService=2),
     so a rebooted node back in service before its checks is the scheduler's doing, not a person's."""
     nodes = counted(policy, views)
@@ -165,10 +166,14 @@ def plan(now: float, policy: Policy, views: Mapping[str, NodeView], firing: Mapp
     # state file is new): taken back into care.
     strays = {name for name, view in views.items() if view.ours and name not in records}
     in_care = len(records) + len(strays)
-    order = sorted(set(firing) | set(records) | strays,
+    lemons = lemons or {}
+    order = sorted(set(firing) | set(records) | strays | set(lemons),
                    key=lambda n: (min((a.starts_at for a in firing.get(n, ())), default=float("inf")), n))
     for node in order:
         want = wanted(policy, firing.get(node, ()))
+        if node in lemons and (want is None or want.action != "hold"):
+            want = Wanted("hold", lemons[node], "lemon", want.gpus if want else (),
+                          want.fingerprints if want else (), {})
         record = records.get(node)
         view = views.get(node)
         if record is None:
@@ -221,14 +226,16 @@ def _take(node: str, want: Wanted, view: NodeView | None, history: History, poli
     held = ""
     if action == "reboot" and history.reboots.get(node, 0) >= 1:
         held = f"a second reboot fault within {policy.reboot_repeat_window / 86400:g}d"
-    elif history.drains.get(node, 0) + 1 >= policy.repeat_offender.drains:
+    elif want.alertname != "lemon" and history.drains.get(node, 0) + 1 >= policy.repeat_offender.drains:
         held = (f"repeat offender: drain {history.drains.get(node, 0) + 1} within "
                 f"{policy.repeat_offender.window / 86400:g}d")
     if held:
         return Step(node, "drain", held, phase="held", action="hold", reason=drain_reason("hold", want, held),
                     new_drain=True, gpus=want.gpus, fingerprints=fp)
     kind = "reboot" if action == "reboot" else "drain"
-    return Step(node, kind, want.why, phase=_PHASE_OF[action], action=action, reason=drain_reason(action, want),
+    extra = want.why.removeprefix("lemon: ") if want.alertname == "lemon" else ""
+    return Step(node, kind, want.why, phase=_PHASE_OF[action], action=action,
+                reason=drain_reason(action, want, extra),
                 new_drain=True, gpus=want.gpus, fingerprints=fp)
 
 

@@ -127,6 +127,39 @@ class Requeue:
 
 
 @dataclass(frozen=True)
+class Select:
+    """The jobs job recovery may requeue, beyond Slurm's own Requeue=1 on a batch job."""
+
+    partitions: tuple[str, ...] = ()  # none: all
+    name: re.Pattern[str] | None = None  # the job's name, fully anchored; None: any
+    min_nodes: int = 1
+
+
+@dataclass(frozen=True)
+class Lemon:
+    jobs: int = 3  # different jobs whose failed attempts blame one node
+    window: float = 7 * 86400.0
+
+
+@dataclass(frozen=True)
+class Jobs:
+    """Job recovery (remediate/jobs.py): the contract's keys, and culprit_wait."""
+
+    enabled: bool = False
+    select: Select = field(default_factory=Select)
+    exit_codes: frozenset[int] | None = None  # None: any non-zero exit
+    on_node_fault: str = "requeue"  # or stop: hold the job for a person
+    backoff: tuple[float, ...] = (600.0, 1200.0, 2400.0)
+    max_attempts: int = 4
+    window: float = 86400.0
+    lemon: Lemon = field(default_factory=Lemon)
+    budget: int = 20  # requeues per budget.window
+    # An end with no culprit yet waits this long for the rule pack's alerts: the Xid that killed the
+    # job reaches Alertmanager a minute or two later. Slurm keeps the record MinJobAge (300 s).
+    culprit_wait: float = 120.0
+
+
+@dataclass(frozen=True)
 class Scheduler:
     kind: str = "slurm"
     scontrol: str = "scontrol"
@@ -159,6 +192,7 @@ class Policy:
     reset_command: tuple[str, ...] = ()
     reset_timeout: float = 600.0
     requeue: Requeue = field(default_factory=Requeue)
+    jobs: Jobs = field(default_factory=Jobs)
     health_check: HealthCheck = field(default_factory=HealthCheck)
     interval: float = 15.0  # how often the scheduler is looked at without a notification
     rules: tuple[Rule, ...] = DEFAULT_RULES
@@ -315,18 +349,48 @@ def build(data: Any) -> Policy:
         "reset_command": lambda v, w: _placeholders(v, w, {"node", "gpu"}),
         "reset_timeout": _duration,
         "requeue": lambda v, w: _section(Requeue, v, w, {
-            "enabled": _boolean, "backoff": lambda x, at: tuple(
-                _duration(item, f"{at}[{n}]") for n, item in enumerate(_list(x, at)))}),
+            "enabled": _boolean, "backoff": _durations}),
+        "jobs": _jobs,
         "health_check": lambda v, w: _section(HealthCheck, v, w, {
             "url": _string, "timeout": _duration, "enabled": _boolean}),
         "interval": lambda v, w: max(1.0, _duration(v, w)),
         "rules": _rules,
     }
     policy = Policy(**{key: parse[key](value, key) for key, value in data.items()})
+    if policy.jobs.enabled and policy.scheduler.kind != "slurm":
+        raise ConfigError("key 'jobs.enabled': job recovery needs scheduler.kind slurm")
     if policy.scheduler.kind == "commands":
         for name, argv in policy.scheduler.commands.items():
             _placeholders(list(argv), f"scheduler.commands.{name}", {"node", "reason", "job"})
     return policy
+
+
+def _durations(value: Any, where: str) -> tuple[float, ...]:
+    return tuple(_duration(item, f"{where}[{n}]") for n, item in enumerate(_list(value, where)))
+
+
+def _whole(low: int, high: int) -> Any:
+    return lambda x, at: int(_number(x, at, low, high, whole=True))
+
+
+def _jobs(value: Any, where: str) -> Jobs:
+    def on_node_fault(x: Any, at: str) -> str:
+        if x not in ("requeue", "stop"):
+            raise ConfigError(f"key '{at}': want requeue or stop, got {x!r}")
+        return x
+
+    def exit_codes(x: Any, at: str) -> frozenset[int]:
+        return frozenset(_whole(1, 255)(item, f"{at}[{n}]") for n, item in enumerate(_list(x, at)))
+
+    return _section(Jobs, value, where, {
+        "enabled": _boolean,
+        "select": lambda v, w: _section(Select, v, w, {
+            "partitions": lambda x, at: tuple(_string(p, f"{at}[{n}]") for n, p in enumerate(_list(x, at))),
+            "name": _regex, "min_nodes": _whole(1, 1_000_000)}),
+        "exit_codes": exit_codes, "on_node_fault": on_node_fault, "backoff": _durations,
+        "max_attempts": _whole(1, 1000), "window": _duration,
+        "lemon": lambda v, w: _section(Lemon, v, w, {"jobs": _whole(1, 1000), "window": _duration}),
+        "budget": _whole(0, 1_000_000), "culprit_wait": _duration})
 
 
 def _url(value: Any, where: str) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from remediate.alerts import Alert
+from remediate.jobs import Decision, End
 from remediate.plan import History, Record, Step
 from remediate.policy import Policy
 
@@ -39,6 +40,16 @@ CREATE TABLE IF NOT EXISTS breakers (
   mode TEXT PRIMARY KEY, open INTEGER NOT NULL, paused INTEGER NOT NULL, since REAL NOT NULL,
   why TEXT NOT NULL, budget_from REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+-- Job recovery: each abnormal end decided, written before its calls (pending), so a restart never
+-- requeues an end twice; (job, restarts) is one end: Slurm's RestartCnt rises with each requeue.
+CREATE TABLE IF NOT EXISTS job_ends (
+  job TEXT NOT NULL, restarts INTEGER NOT NULL, ended_at REAL NOT NULL, nodes TEXT NOT NULL,
+  branch TEXT NOT NULL, why TEXT NOT NULL, culprits TEXT NOT NULL, evidence TEXT NOT NULL,
+  exclude TEXT NOT NULL, start_at REAL NOT NULL, attempts INTEGER NOT NULL, shared TEXT NOT NULL,
+  status TEXT NOT NULL, decided_at REAL NOT NULL, finished_at REAL, error TEXT NOT NULL DEFAULT '',
+  PRIMARY KEY (job, restarts));
+-- When a person last released a held chain: its earlier ends no longer count.
+CREATE TABLE IF NOT EXISTS chains (job TEXT PRIMARY KEY, released_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS returns (node TEXT NOT NULL, taken_at REAL NOT NULL, returned_at REAL NOT NULL);
 """
 
@@ -144,6 +155,20 @@ class State:
         for fp, node, labels, starts in self._rows(
                 "SELECT fingerprint, node, labels, starts_at FROM alerts WHERE status = 'firing' AND node IS NOT NULL"):
             out.setdefault(node, []).append(Alert(fp, "firing", json.loads(labels), starts, None))
+        return out
+
+    def alerts_at(self, nodes: Iterable[str], at: float, wait: float) -> dict[str, list[Alert]]:
+        """node -> the alerts on these nodes that fired at `at` or began within `wait` after it (a job's
+        end: the alert about the fault that ended it comes later)."""
+        nodes = list(nodes)
+        out: dict[str, list[Alert]] = {}
+        for start in range(0, len(nodes), 500):  # SQLite's limit on parameters
+            part = nodes[start:start + 500]
+            for fp, node, labels, status, starts, ends in self._rows(
+                    f"SELECT fingerprint, node, labels, status, starts_at, ends_at FROM alerts WHERE node IN "
+                    f"({','.join('?' * len(part))}) AND status != 'released' AND starts_at <= ? "
+                    "AND (ends_at IS NULL OR ends_at >= ?)", *part, at + wait, at):
+                out.setdefault(node, []).append(Alert(fp, status, json.loads(labels), starts, ends))
         return out
 
     def last_resolved(self) -> dict[str, float]:
@@ -302,3 +327,65 @@ class State:
 
     def notes(self) -> dict[str, tuple[str, float]]:
         return {node: (why, since) for node, why, since in self._rows("SELECT node, why, since FROM notes")}
+
+    # Job recovery
+
+    def job_ends(self, since: float, statuses: tuple[str, ...]) -> list[End]:
+        """Ends decided (with these statuses) since a time, each after its chain's last release."""
+        marks = ",".join("?" * len(statuses))
+        return [End(job, restarts, ended, tuple(json.loads(nodes)), branch, tuple(json.loads(culprits)))
+                for job, restarts, ended, nodes, branch, culprits in self._rows(
+                    "SELECT e.job, e.restarts, e.ended_at, e.nodes, e.branch, e.culprits FROM job_ends e LEFT JOIN "
+                    f"chains c ON c.job = e.job WHERE e.status IN ({marks}) AND e.ended_at >= ? "
+                    "AND e.ended_at > COALESCE(c.released_at, -1) ORDER BY e.ended_at", *statuses, since)]
+
+    def decided(self, job: str, restarts: int) -> bool:
+        return bool(self._rows("SELECT 1 FROM job_ends WHERE job = ? AND restarts = ?", job, restarts))
+
+    def begin_job_end(self, decision: Decision, status: str, now: float) -> None:
+        self._write("INSERT INTO job_ends VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '')",
+                    decision.job, decision.restarts, decision.ended_at, json.dumps(list(decision.nodes)),
+                    decision.branch, decision.why, json.dumps(list(decision.culprits)), decision.evidence,
+                    json.dumps(list(decision.exclude)), decision.start_at, decision.attempts,
+                    json.dumps(list(decision.shared)), status, now, now if status != "pending" else None)
+
+    def finish_job_end(self, job: str, restarts: int, status: str, now: float, error: str = "") -> None:
+        self._write("UPDATE job_ends SET status = ?, finished_at = ?, error = ? WHERE job = ? AND restarts = ?",
+                    status, now, error, job, restarts)
+
+    def unfinished_job_ends(self) -> list[Decision]:
+        """Decisions whose calls a previous run began and never finished (killed mid-call), or that failed."""
+        return [self._decision(row) for row in self._rows(
+            "SELECT * FROM job_ends WHERE status IN ('pending', 'interrupted', 'failed') ORDER BY decided_at")]
+
+    def interrupt_job_ends(self) -> int:
+        with self.lock:
+            return self.db.execute("UPDATE job_ends SET status = 'interrupted' WHERE status = 'pending'").rowcount
+
+    @staticmethod
+    def _decision(row: tuple) -> Decision:
+        job, restarts, ended, nodes, branch, why, culprits, evidence, exclude, start_at, attempts, shared = row[:12]
+        return Decision(job, restarts, branch, why, ended, tuple(json.loads(nodes)), tuple(json.loads(culprits)),
+                        evidence, tuple(json.loads(exclude)), start_at, attempts, tuple(json.loads(shared)))
+
+    def requeues_since(self, since: float, statuses: tuple[str, ...]) -> int:
+        marks = ",".join("?" * len(statuses))
+        return self._rows(f"SELECT COUNT(*) FROM job_ends WHERE branch != 'held' AND status IN ({marks}) "
+                          "AND decided_at >= ?", *statuses, since)[0][0]
+
+    def held_chains(self, statuses: tuple[str, ...]) -> list[Decision]:
+        """Each chain's latest hold, unless a person released it since."""
+        marks = ",".join("?" * len(statuses))
+        return [self._decision(row) for row in self._rows(
+            f"SELECT e.* FROM job_ends e LEFT JOIN chains c ON c.job = e.job WHERE e.branch = 'held' "
+            f"AND e.status IN ({marks}) AND e.ended_at > COALESCE(c.released_at, -1) ORDER BY e.decided_at",
+            *statuses)]
+
+    def release_chain(self, job: str, now: float) -> None:
+        self._write("INSERT OR REPLACE INTO chains VALUES (?, ?)", job, now)
+
+    def lemon_taken(self, statuses: tuple[str, ...]) -> dict[str, float]:
+        """node -> when this service last took it as a lemon: blames before then are spent."""
+        marks = ",".join("?" * len(statuses))
+        return dict(self._rows(f"SELECT node, MAX(started_at) FROM actions WHERE why LIKE 'lemon:%' AND status IN "
+                               f"({marks}) GROUP BY node", *statuses))

@@ -106,6 +106,8 @@ def test_each_kind_of_job_shows_in_the_series() -> None:
 
 def test_shipped_scenarios_load() -> None:
     for path in sorted(scenario.SHIPPED.glob("*.yaml")):
+        if path.name.startswith("jobs-"):  # the job recovery replay's (fleet/jobreplay.py), another format
+            continue
         sc = scenario.load(path.stem)
         assert Fleet(sc, 0.0).attempts, path.name
     assert jobs.RETRY_GAP_MEDIAN == 660.0

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.report import goodput, jobs, pace
+from exporter.report import failures, goodput, jobs, markdown, pace
 from exporter.report.source import ReportError, _number, _numbers, parse_time
 
 NOW = 1_800_000_000.0
@@ -89,6 +89,38 @@ def test_attempts_are_joined_into_jobs_by_time_and_nodes() -> None:
     assert [(j.name, [(a.key, a.first, a.last) for a in j.attempts]) for j in found] == [
         ("7", [("7", 0, 99), ("8", 120, 299)]), ("x", [("x", 110, 129)]), ("9", [("9", 500, 599)])]
     assert found[0].nodes == ["n0", "n1", "n2", "n3"]
+
+
+def test_each_failed_attempt_is_blamed_on_the_event_nearest_its_end_and_costed() -> None:
+    """A job of three attempts at 30 s scrapes: the first (n0-n3, samples 0-99) ends with n3's GPU
+    fallen off the bus (Xid 79 and 145 in the last scrape interval, the lost GPU at the sample
+    after); the second (n0-n2, 120-199) with no event of its own near its end: n1's Xid 13 is 15
+    minutes before it, another job's node n9 logs one at it, n0's remap comes 3 scrapes after. Its
+    failed attempts ran 100 samples on 4 nodes and 80 on 3: (3000 x 4 + 2400 x 3) s x 8 GPUs."""
+    step, size = 30.0, 400
+    presence = {("7", "7", f"n{i}"): _mask(size, (0, 100)) for i in range(4)}
+    presence |= {("8", "8", f"n{i}"): _mask(size, (120, 200)) for i in range(3)}
+    presence |= {("9", "9", f"n{i}"): _mask(size, (220, 300)) for i in range(3)}
+    [job] = jobs.join(jobs.attempts(presence), restart_within=90)
+    assert len(job.attempts) == 3
+    first_end, second_end = NOW + 100 * step, NOW + 200 * step
+    event = failures.Failure
+    events = [event("n3", first_end - 18, "xid", 79), event("n3", first_end - 18, "xid", 145),
+              event("n3", first_end, "gpu_lost"), event("n1", second_end - 900, "xid", 13),
+              event("n9", second_end, "xid", 94), event("n0", second_end + 3 * step, "uncorrectable_remap")]
+    found = failures.retries(job, events, NOW, step, 8)
+    assert found["failed_attempts"] == [
+        {"end": "2027-01-15T08:50:00Z", "node": "n3", "kind": "xid", "xid": 79},
+        {"end": "2027-01-15T09:40:00Z", "node": None, "kind": None, "xid": None}]
+    assert found["failed_gpu_hours"] == round((3000 * 4 + 2400 * 3) * 8 / 3600, 2) == 42.67
+    assert ", ".join(markdown._blamed(a) for a in found["failed_attempts"]) == "n3 (Xid 79), none"
+    # the lost GPU alone (an exporter without the Xid): blamed on it, a sample after the last
+    assert failures.blame(events[2:3], job.attempts[0].nodes, first_end, step) == events[2]
+    # ranks left waiting for a failed node: the job ends up to the NCCL watchdog's 10 minutes later
+    assert failures.blame([event("n1", second_end - 570, "xid", 13)], job.attempts[1].nodes, second_end, step) == \
+        event("n1", second_end - 570, "xid", 13)
+    assert failures.retries(jobs.Job("x", job.attempts[:1]), events, NOW, step, 8) == {
+        "failed_attempts": [], "failed_gpu_hours": 0}
 
 
 def test_phases_and_the_split_of_an_attempt() -> None:

@@ -39,6 +39,10 @@ def test_a_shared_fleet_with_a_restart_and_stragglers(tmp_path: Path) -> None:
     assert sorted((s["node"], s["cause"]) for s in report["stragglers"]) == [("", "job_wide"),
                                                                              ("gpu012", "clock_thermal")]
     assert sorted(j["attempts"] for j in report["jobs"]) == [1, 1, 2]
+    # job b's failure is the scenario's own (no hardware event): no culprit, its first attempt's
+    # hour on 6 nodes of 8 GPUs spent
+    [b] = [j for j in report["jobs"] if j["failed_attempts"]]
+    assert [a["node"] for a in b["failed_attempts"]] == [None] and b["failed_gpu_hours"] == pytest.approx(48, abs=0.5)
 
 
 def test_a_small_jobs_straggler_is_named_on_the_culprit_not_its_neighbours(tmp_path: Path) -> None:

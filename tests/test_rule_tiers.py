@@ -66,7 +66,7 @@ def test_the_fleet_tier_reads_only_recordings_and_the_named_inputs() -> None:
             "gpunode:precursor_signal:peer_median", "gpunode:failslow_proxy:peer_median"} <= names
     # The remediation service runs once per fleet: its alerts run where it is scraped, once.
     assert {"GpuRemediationBreakerOpen", "GpuRemediationNodeHeld", "GpuRemediationSchedulerFailing",
-            "GpuRemediationActionsFailing"} <= names
+            "GpuRemediationActionsFailing", "GpuJobRetryChainStopped"} <= names
     assert all(name.startswith(SERVICES) for name in REMEDIATE_METRICS)
     assert not any(name.startswith(SERVICES) for rule in local for name in analyse(rule["expr"], NODE)[0])
     # The evidence of a cause is the node's own: recorded where its exporters are scraped.

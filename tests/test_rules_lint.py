@@ -116,7 +116,7 @@ PREFIXES = {
     "exporter": ("GpuNode",),
     "nfs": ("Nfs",),
     "checkpoint": ("Checkpoint",),
-    "remediate": ("GpuRemediation",),
+    "remediate": ("GpuRemediation", "GpuJob"),
 }
 
 

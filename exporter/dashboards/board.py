@@ -199,9 +199,10 @@ def to_node(panel: Builder[Any], node_label: str, node_uid: str) -> Builder[Any]
 
 
 # Every alert of the rule pack (tests/test_dashboards.py checks this covers them); those about the
-# remediation service (remediate.rules.yml), in a table of their own.
+# remediation service (remediate.rules.yml: the service itself, and the job retry chains it held), in a
+# table of their own.
 ALERT_NAMES = "Gpu.*|Nfs.*|Checkpoint.*"
-REMEDIATION_ALERTS = "GpuRemediation.*"
+REMEDIATION_ALERTS = "GpuRemediation.*|GpuJobRetryChainStopped"
 
 
 def peer_labels(spec: dict[str, Any]) -> list[str]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from grafana_foundation_sdk.builders import dashboard as gd
 from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.models import dashboard as model
+from grafana_foundation_sdk.models.common import BigValueTextMode
 
 from exporter.dashboards.board import (
     DCGM,
@@ -250,9 +252,10 @@ def remediation(b: Board) -> None:
             [Query(f"sum by (action, result) (increase({actions}[$__rate_interval]))", "{{action}} {{result}}")])
     b.panel(table_panel(), "Remediation alerts firing",
             "The rule pack's alerts about gpunode-remediate firing now: its circuit breaker open, a node held "
-            "for a person too long, the scheduler out of its reach, failed actions. They carry the service's "
-            f"labels, not a GPU node's, so the node-scoped alerts tables leave them out ({runbook}).", "short",
-            [Query(f'sum by (alertname, severity, node, reason, action) '
+            "for a person too long, the scheduler out of its reach, failed actions, a job's retry chain held for "
+            "a person. They carry the service's labels, not a GPU node's, so the node-scoped alerts tables leave "
+            f"them out ({runbook}).", "short",
+            [Query(f'sum by (alertname, severity, node, reason, action, job_id) '
                    f'(ALERTS{{alertstate="firing", alertname=~"{REMEDIATION_ALERTS}"}})')], instant=True)
     held = table_panel().with_transformation(model.DataTransformerConfig(id_val="organize", options={
         "excludeByName": {"Time": True}, "renameByName": {"Value": "held for"}}))
@@ -263,6 +266,26 @@ def remediation(b: Board) -> None:
             f"GpuRemediationNodeHeld fires after {duration(spec['held_for'])} ({runbook}).", "s",
             [Query(f"sum by (node, reason) (time() - {b.q('gpunode_remediate_node_held_since_timestamp_seconds')})")],
             width=24, instant=True)
+    requeues = b.q("gpunode_remediate_job_requeues_total")
+    b.panel(time_series(), "Job requeues by branch",
+            "Abnormal ends of Slurm batch jobs gpunode-remediate decided in the interval (policy jobs.enabled), "
+            "by branch: app_fault, requeued at once after an application fault on the job's nodes; node_fault, "
+            "requeued at once with the faulty node excluded; backoff, requeued to start after a delay when no node "
+            "was to blame; held, the job's retry chain stopped at its jobs.max_attempts-th abnormal end within "
+            "jobs.window and held for a person (GpuJobRetryChainStopped).", "short",
+            [Query(f"sum by (branch) (increase({requeues}[$__rate_interval]))", "{{branch}}")])
+    chains = stat_panel().text_mode(BigValueTextMode.VALUE_AND_NAME).thresholds(
+        gd.ThresholdsConfig().mode(model.ThresholdsMode.ABSOLUTE).steps(
+            [model.Threshold(None, "green"), model.Threshold(1, "orange")]))
+    b.panel(chains, "Retry chains held for a person",
+            "Each Slurm job whose retry chain gpunode-remediate stopped and held (scontrol requeuehold), with its "
+            "failed attempts and the nodes they shared; and the lemon nodes, blamed for failed attempts of several "
+            "different jobs, which the service excludes from every requeue and drains. Look at the job's output "
+            "and the nodes, then release it (scontrol release JOBID) or cancel it (scancel JOBID); "
+            f"GpuJobRetryChainStopped fires meanwhile ({runbook}).", "short",
+            [Query(f"sum by (job_id, nodes) ({b.q('gpunode_remediate_job_chain_held_attempts')})",
+                   "job {{job_id}} {{nodes}}"),
+             Query(f"max({b.q('gpunode_remediate_lemon_nodes')})", "lemon nodes")])
 
 
 def describe(_spec: dict[str, Any]) -> tuple[str, str, str]:

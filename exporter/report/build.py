@@ -79,9 +79,20 @@ def build(src: Source, spec: dict[str, Any], start: float, end: float) -> dict[s
     phase = {n: jobs.phases(write.get(n, nan), read.get(n, nan), util.get(n, nan), c["save_write_bytes"],
                             c["load_read_bytes"], c["load_gpu_utilization"]) for n in {k[2] for k in presence}}
 
+    remapped = selector(spec, "gpunode_gpu_remapped_rows_total", "gpunode", UNCORRECTABLE)
+    hardware = failures.xids(src.range(selector(spec, "gpunode_xid_last_event_timestamp_seconds", "gpunode"),
+                                       "Xid events"), node, start, end)
+    up, failed = selector(spec, "gpunode_gpu_up", "gpunode"), selector(spec, "gpunode_gpu_row_remap_failure", "gpunode")
+    # Filtered before grouped: the server groups a few series, not every GPU's at every step.
+    for query, kind in ((f"max by ({node}, gpu) ({up} == 0)", "gpu_lost"),
+                        (f"max by ({node}, gpu) ({failed} == 1)", "remap_failure"),
+                        (f"sum by ({node}, gpu) (idelta({remapped}{pw}) > 0)", "uncorrectable_remap")):
+        hardware += failures.onsets(src.range(query, kind.replace("_", " ")), node, src.times, kind)
+    hardware.sort(key=lambda f: (f.time, f.node, f.kind))
+
     found = jobs.join(jobs.attempts(presence), int(r["restart_within"] // step))
     ends = sum(len(j.attempts) - 1 for j in found)
-    node_seconds = sum((a.last - a.first + 1) * step * len(a.nodes) for j in found for a in j.attempts)
+    node_seconds = sum(a.seconds(step) * len(a.nodes) for j in found for a in j.attempts)
     measured = ends > 0
     per_node_mtbf = node_seconds / ends if measured else c["mtbf_seconds"] * max(
         (len(a.nodes) for j in found for a in j.attempts), default=1)
@@ -111,8 +122,8 @@ def build(src: Source, spec: dict[str, Any], start: float, end: float) -> dict[s
                 straggler_out.append({"node": e.node, "start": rfc3339(src.start + (a.first + e.first) * step),
                                       "end": rfc3339(min(end, src.start + (a.first + e.last + 1) * step)),
                                       "cause": e.cause, "slowdown": round(e.slowdown, 4), "job": job.name,
-                                      "lost_seconds": round(e.lost, 1),
-                                      "gpu_hours": round(e.lost * len(a.nodes) * r["gpus_per_node"] / 3600, 2)})
+                                      "lost_seconds": round(e.lost, 1), "gpu_hours": round(
+                                          goodput.gpu_hours(e.lost, len(a.nodes), r["gpus_per_node"]), 2)})
             took = goodput.attempt_time(job_phase, a.first, step, int(c["load_gap"] // step),
                                         k < len(job.attempts) - 1, slow)
             goodput.time_saves(took, [clock[n] for n in a.nodes if n in clock])
@@ -124,21 +135,11 @@ def build(src: Source, spec: dict[str, Any], start: float, end: float) -> dict[s
             "start": rfc3339(src.start + job.attempts[0].first * step),
             "end": rfc3339(src.start + (job.attempts[-1].last + 1) * step),
             "abnormal_ends": [rfc3339(src.start + (a.last + 1) * step) for a in job.attempts[:-1]],
+            **failures.retries(job, hardware, src.start, step, r["gpus_per_node"]),
             "seconds": {k: round(v, 1) for k, v in split.items()},
             "goodput": split["productive"] / split["elapsed"] if split["elapsed"] else None,
             "checkpoint": goodput.checkpoint(times, step, per_node_mtbf / size),
             "save_times": [rfc3339(src.start + s * step) for t in times for s, _ in t.saves]})
-
-    remapped = selector(spec, "gpunode_gpu_remapped_rows_total", "gpunode", UNCORRECTABLE)
-    hardware = failures.xids(src.range(selector(spec, "gpunode_xid_last_event_timestamp_seconds", "gpunode"),
-                                       "Xid events"), node, start, end)
-    up, failed = selector(spec, "gpunode_gpu_up", "gpunode"), selector(spec, "gpunode_gpu_row_remap_failure", "gpunode")
-    # Filtered before grouped: the server groups a few series, not every GPU's at every step.
-    for query, kind in ((f"max by ({node}, gpu) ({up} == 0)", "gpu_lost"),
-                        (f"max by ({node}, gpu) ({failed} == 1)", "remap_failure"),
-                        (f"sum by ({node}, gpu) (idelta({remapped}{pw}) > 0)", "uncorrectable_remap")):
-        hardware += failures.onsets(src.range(query, kind.replace("_", " ")), node, src.times, kind)
-    hardware.sort(key=lambda f: (f.time, f.node, f.kind))
 
     weights = [(j["seconds"]["productive"] * len(j["nodes"]), j["seconds"]["elapsed"] * len(j["nodes"]))
                for j in job_out]

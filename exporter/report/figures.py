@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from exporter.report.goodput import cost_curve
+from exporter.report.goodput import cost_curve, gpu_hours
 
 PARTS = (("productive", "#2e7d32"), ("checkpoint_save", "#1565c0"), ("checkpoint_load", "#64b5f6"),
          ("down", "#9e9e9e"), ("slowed", "#f9a825"), ("lost_progress", "#c62828"))
@@ -41,7 +41,7 @@ def goodput(report: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(jobs) + 2.2))
     left = np.zeros(len(jobs))
     for part, colour in PARTS:
-        hours = np.array([j["seconds"][part] * len(j["nodes"]) * report["gpus_per_node"] / 3600 for j in jobs])
+        hours = np.array([gpu_hours(j["seconds"][part], len(j["nodes"]), report["gpus_per_node"]) for j in jobs])
         ax.barh(range(len(jobs)), hours, left=left, color=colour, label=part.replace("_", " "))
         left += hours
     ax.set_yticks(range(len(jobs)), [j["name"] for j in jobs])

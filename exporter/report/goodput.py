@@ -93,6 +93,11 @@ def young_daly(delta: float | None, interval: float | None, mtbf: float | None) 
             "optimal_cost_fraction": math.sqrt(2 * delta / mtbf)}
 
 
+def gpu_hours(seconds: float, nodes: int, gpus_per_node: int) -> float:
+    """The report's GPU-hours: node-seconds x the spec's goodput.gpus_per_node."""
+    return seconds * nodes * gpus_per_node / 3600
+
+
 def cost_curve(delta: float, mtbf: float, intervals: np.ndarray) -> np.ndarray:
     return delta / intervals + intervals / (2 * mtbf)
 

@@ -25,6 +25,9 @@ class Attempt:
     last: int  # grid index of its last sample
     present: dict[str, np.ndarray] = field(repr=False, default_factory=dict)  # node -> bool on [first, last]
 
+    def seconds(self, step: float) -> float:
+        return (self.last - self.first + 1) * step
+
 
 @dataclass
 class Job:

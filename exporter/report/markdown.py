@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from exporter.report.goodput import gpu_hours
+
 
 def _h(seconds: float | None) -> str:
     if seconds is None:
@@ -19,8 +21,12 @@ def _pct(x: float | None, digits: int = 1) -> str:
     return "n/a" if x is None else f"{100 * x:.{digits}f} %"
 
 
-def _gpu_hours(seconds: float, nodes: int, gpus: int) -> float:
-    return seconds * nodes * gpus / 3600
+def _blamed(attempt: dict[str, Any]) -> str:
+    """A failed attempt's culprit: `gpu003 (Xid 79)`, `gpu060 (gpu lost)`, `none`."""
+    if not attempt["node"]:
+        return "none"
+    what = f"Xid {attempt['xid']}" if attempt["xid"] else attempt["kind"].replace("_", " ")
+    return f"{attempt['node']} ({what})"
 
 
 def render(r: dict[str, Any], figures: dict[str, str]) -> str:
@@ -29,20 +35,22 @@ def render(r: dict[str, Any], figures: dict[str, str]) -> str:
     lines = [f"# Operations report: {r['from']} to {r['to']}", "",
              f"Read from {r['source']} by `gpunode-exporter report`. Fleet goodput: **{_pct(r['goodput'])}** of the "
              f"GPU-hours of {len(jobs)} jobs on {r['mtbf']['concentration']['nodes']} nodes.", ""]
-    total = {k: sum(_gpu_hours(j["seconds"][k], len(j["nodes"]), gpus) for j in jobs) for k in jobs[0]["seconds"]}
+    total = {k: sum(gpu_hours(j["seconds"][k], len(j["nodes"]), gpus) for j in jobs) for k in jobs[0]["seconds"]}
     lines += ["## Where the GPU-hours went", "",
               "| | GPU-hours | share |", "|---|---:|---:|"]
     for k, v in total.items():
         share = v / total["elapsed"] if total["elapsed"] else None
         lines.append(f"| {k.replace('_', ' ')} | {v:,.1f} | {_pct(share)} |")
     lines += ["", f"![goodput per job]({figures['goodput']})", "",
-              "| job | nodes | attempts | elapsed | goodput | saves | loads | down | slowed | progress redone |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| job | nodes | attempts | elapsed | goodput | saves | loads | down | slowed | progress redone "
+              "| failed attempts' GPU-h | failures blamed on |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for j in jobs:
         s = j["seconds"]
         lines.append(f"| {j['name']} | {len(j['nodes'])} | {j['attempts']} | {_h(s['elapsed'])} | {_pct(j['goodput'])} "
                      f"| {_h(s['checkpoint_save'])} | {_h(s['checkpoint_load'])} | {_h(s['down'])} | {_h(s['slowed'])} "
-                     f"| {_h(s['lost_progress'])} |")
+                     f"| {_h(s['lost_progress'])} | {j['failed_gpu_hours']:,.1f} "
+                     f"| {', '.join(_blamed(a) for a in j['failed_attempts'])} |")
     m = r["mtbf"]
     conc = m["concentration"]
     lines += ["", "## Failures", "",

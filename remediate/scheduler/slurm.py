@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 import time
 
-from remediate.command import run
+from remediate.command import CommandError, run
+from remediate.jobs import JobView
 from remediate.plan import NodeView
 
 # A key of `scontrol -o` output: a space, a CamelCase word, '='.
@@ -15,6 +16,11 @@ _KEY = re.compile(r"(?:^| )([A-Za-z][A-Za-z0-9_:/]*)=")
 _STAMP = re.compile(r" \[[^\]]*@[^\]]*\]$")  # " [root@2026-11-27T10:00:00]" after a reason
 _HOSTLIST = re.compile(r"([^\[\],]*)(?:\[([^\]]*)\])?([^\[\],]*)")
 MAX_HOSTS = 100_000  # in one host list: a bigger one is refused, not expanded
+# squeue's fields for job recovery: all Slurm's own words (ids, states, host lists, numbers, times),
+# none a user's: a job's name may hold anything, newlines included, and is read alone (job_detail).
+JOB_FIELDS = ("JobID", "State", "Reason", "exit_code", "NodeList", "Partition", "NumNodes", "Requeue",
+              "RestartCnt", "BatchFlag", "EndTime")
+_JOB_ID = re.compile(r"[0-9]{1,10}")  # array and het job elements (123_4, 123+1) are left alone
 
 
 def fields(line: str) -> dict[str, str]:
@@ -49,6 +55,25 @@ def _local_time(text: str) -> float:
         return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
     except (ValueError, OverflowError):
         return 0.0
+
+
+def _digits(text: str, high: int = 2**32 - 1) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) > high:
+        raise ValueError(f"not a number: {text[:20]!r}")
+    return int(text)
+
+
+def job_view(line: str) -> JobView:
+    """One line of `squeue --Format` with JOB_FIELDS, '|' after each; ValueError when it is not one."""
+    parts = line.split("|")
+    if len(parts) != len(JOB_FIELDS) + 1 or parts[-1].strip():
+        raise ValueError(f"want {len(JOB_FIELDS)} fields: {line[:80]!r}")
+    job, state, reason, status, nodes, partition, count, requeue, restarts, batch, end = (p.strip() for p in parts[:-1])
+    if not _JOB_ID.fullmatch(job):
+        raise ValueError(f"not a plain job id: {job[:20]!r}")
+    hosts = tuple(expand_hostlist(nodes)) if nodes and nodes != "(null)" else ()
+    return JobView(job, state.lower(), reason, _digits(status), hosts, partition, _digits(count),
+                   requeue == "1", _digits(restarts), batch == "1", _local_time(end))
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -121,6 +146,54 @@ class Slurm:
 
     def returns_rebooted(self) -> bool:
         return self.return_to_service() == 2
+
+    def jobs(self) -> dict[str, JobView]:
+        """Every job slurmctld still holds, ended ones for MinJobAge (300 s by default) after their end.
+        A line that does not parse costs that job alone."""
+        form = ",".join(f"{name}:|" for name in JOB_FIELDS)
+        out = run([self.squeue, "--noheader", "--states=all", f"--Format={form}"], self.timeout)
+        views = {}
+        for line in out.splitlines():
+            try:
+                view = job_view(line)
+            except ValueError:
+                continue
+            views[view.job] = view
+        return views
+
+    def job_detail(self, job: str) -> tuple[str, tuple[str, ...]] | None:
+        """(name, nodes it excludes) of one job; None once Slurm no longer holds it. The name is the
+        whole rest of the line, so any bytes in it stay in it."""
+        try:
+            out = run([self.squeue, "--noheader", f"--jobs={job}", "--states=all", "--format=%x|%j"], self.timeout)
+        except CommandError as err:
+            if "Invalid job id" in str(err):
+                return None
+            raise
+        if not out:
+            return None
+        excluded, _, name = out.removesuffix("\n").partition("|")
+        hosts = () if excluded.strip() in ("", "(null)") else tuple(expand_hostlist(excluded.strip()))
+        return name, hosts
+
+    def requeuehold(self, job: str) -> None:
+        """An ended job back in the queue, held (reason job_requeued_in_held_state): nothing starts it
+        until release, so its ExcNodeList and StartTime are set before it can run anywhere."""
+        self._call("requeuehold", job)
+
+    def update_job(self, job: str, comment: str, exclude: tuple[str, ...] = (), start_at: float | None = None) -> None:
+        update = [f"jobid={job}", f"AdminComment={comment}"]
+        if exclude:
+            update.append(f"ExcNodeList={','.join(exclude)}")
+        if start_at is not None:
+            # A StartTime in the past starts it at once (the main scheduler runs on the release); a
+            # future one at the first backfill pass after it (bf_interval, 30 s by default).
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(start_at)) if start_at > time.time() else "now"
+            update.append(f"StartTime={stamp}")
+        self._call("update", *update)
+
+    def release(self, job: str) -> None:
+        self._call("release", job)
 
     def drain(self, node: str, reason: str) -> None:
         self._call("update", f"nodename={node}", "state=drain", f"reason={reason}")

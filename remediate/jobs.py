@@ -1,0 +1,242 @@
+"""Job recovery: what to do when a batch job Slurm may requeue ends abnormally. A pure function of
+the job as Slurm lists it, the alerts on its nodes at its end, the chain's earlier ends and the time;
+the service carries the decisions out, the fleet replay runs them over simulated chains.
+
+The branch, as the Lablup B200 operations report proposes (section 4.3) and NVIDIA's Xid catalog's
+actions imply:
+  app_fault   an application Xid (RESTART_APP) on one of its nodes: requeued at once, any nodes
+  node_fault  a node fault (the node side's rules act on it; or Slurm's NODE_FAIL): requeued at
+              once without that node (ExcNodeList); `on_node_fault: stop` holds it instead
+  backoff     no culprit: requeued to start after the chain's next backoff delay
+  held        the chain's max_attempts-th end within its window: held for a person
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from remediate.alerts import Alert
+from remediate.plan import MARKER, NodeView, span
+from remediate.policy import Jobs, Policy
+
+BRANCHES = ("app_fault", "node_fault", "backoff", "held")
+ENDS = ("failed", "node_fail")  # Slurm's states of an abnormal end; cancelled, completed and timeout are not
+APP_FAULT_ALERT = "GpuXidApplicationFault"
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job as `squeue --states=all` lists it."""
+
+    job: str
+    state: str  # lower case: failed, node_fail, running, pending, completed, cancelled, ...
+    reason: str
+    exit_status: int  # the raw wait status: the code << 8 | the signal
+    nodes: tuple[str, ...]
+    partition: str
+    num_nodes: int
+    requeue: bool  # Requeue=1: sbatch --requeue, or the cluster's JobRequeue=1
+    restarts: int  # Slurm's RestartCnt: which attempt (0: the first)
+    batch: bool
+    end: float  # Unix seconds; 0: not ended or unknown
+
+    @property
+    def requeue_held(self) -> bool:
+        """Pending after `scontrol requeuehold` (squeue: "job requeued in held state")."""
+        return self.state == "pending" and self.reason.lower().replace(" ", "_") == "job_requeued_in_held_state"
+
+    @property
+    def code(self) -> int:
+        return self.exit_status >> 8
+
+    @property
+    def signal(self) -> int:
+        return self.exit_status & 0x7F
+
+
+@dataclass(frozen=True)
+class End:
+    """An abnormal end this service decided on, as kept in the state file."""
+
+    job: str
+    restarts: int
+    ended_at: float
+    nodes: tuple[str, ...]
+    branch: str
+    culprits: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    job: str
+    restarts: int
+    branch: str
+    why: str
+    ended_at: float
+    nodes: tuple[str, ...]
+    culprits: tuple[str, ...]  # the nodes blamed (node fault, or Slurm's NODE_FAIL)
+    evidence: str  # which alert on which node, or what Slurm said
+    exclude: tuple[str, ...]  # nodes added to the job's ExcNodeList
+    start_at: float  # the job's StartTime once requeued (<= now: at once)
+    attempts: int  # abnormal ends of the chain in its window, this one included
+    shared: tuple[str, ...]  # the nodes every one of those attempts ran on
+
+    @property
+    def comment(self) -> str:
+        """The job's AdminComment: what sacct and `scontrol show job` show a person."""
+        text = f"{MARKER} {self.branch} attempt {self.attempts}: {self.why}"
+        # Printable ASCII, no '=': `scontrol show job` prints it among its Key=value pairs.
+        return re.sub(r"[^\x20-\x7e]", "?", text).replace("=", " ")[:240]
+
+
+def abnormal(job: JobView, jobs: Jobs) -> bool:
+    if job.state == "node_fail":
+        return True
+    if job.state != "failed":
+        return False
+    if jobs.exit_codes is None:
+        return job.exit_status != 0
+    return job.code in jobs.exit_codes
+
+
+def selected(job: JobView, jobs: Jobs, name: Callable[[str], str | None]) -> bool:
+    """Opt-in, the Slurm way: a batch job Slurm may requeue, in the policy's partitions, of its size
+    and name. `name` is asked last, for the few jobs that got this far (a call per job)."""
+    select = jobs.select
+    if not (job.batch and job.requeue and job.num_nodes >= select.min_nodes):
+        return False
+    if select.partitions and job.partition not in select.partitions:
+        return False
+    if select.name is None:
+        return True
+    text = name(job.job)
+    return text is not None and select.name.fullmatch(text) is not None
+
+
+def _fault(policy: Policy, alert: Alert) -> str | None:
+    """node, app or None: what an alert on a job's node says about the job's end."""
+    rule = policy.action(alert.labels)
+    if rule is not None and rule.action != "none":
+        return "node"
+    if alert.name == APP_FAULT_ALERT or alert.labels.get("action") == "RESTART_APP":
+        return "app"
+    return None
+
+
+def _evidence(alert: Alert, node: str) -> str:
+    details = [f"{k}={alert.labels[k]}" for k in ("xid", "action", "gpu", "cause") if alert.labels.get(k)]
+    return " ".join([alert.name, *details, "on", node])
+
+
+def culprits(policy: Policy, job: JobView, alerts: Mapping[str, Sequence[Alert]],
+             views: Mapping[str, NodeView]) -> tuple[str, tuple[str, ...], str]:
+    """(fault, nodes, evidence): fault is node, app or "" (no culprit). Slurm names the node of a
+    NODE_FAIL (down or not responding now); else the rule pack's alerts on the job's nodes at its end."""
+    node_faults: dict[str, str] = {}
+    app = ""
+    for node in job.nodes:
+        for alert in sorted(alerts.get(node, ()), key=lambda a: (a.starts_at, a.name)):
+            kind = _fault(policy, alert)
+            if kind == "node":
+                node_faults.setdefault(node, _evidence(alert, node))
+            elif kind == "app" and not app:
+                app = _evidence(alert, node)
+    if not node_faults and job.state == "node_fail":
+        for node in job.nodes:
+            view = views.get(node)
+            if view is not None and (view.state in ("down", "fail") or "not_responding" in view.flags):
+                node_faults[node] = f"Slurm: NODE_FAIL, {node} {view.state}" + (
+                    f" ({view.reason})" if view.reason else "")
+    if node_faults:
+        return "node", tuple(sorted(node_faults)), "; ".join(node_faults[n] for n in sorted(node_faults))
+    if app:
+        return "app", (), app
+    return "", (), ""
+
+
+def shared_nodes(ends: Iterable[End]) -> tuple[str, ...]:
+    """The nodes every one of these attempts ran on."""
+    sets = [set(end.nodes) for end in ends]
+    return tuple(sorted(set.intersection(*sets))) if sets else ()
+
+
+def blames(ends: Iterable[End]) -> dict[str, set[str]]:
+    """node -> the jobs whose failed attempts blame it: as their culprit, or as the only node that
+    the culprit-less failed attempts on it shared (one job's, or several jobs': a bad node that
+    kills without an alert shows as the one node common to the attempts it broke)."""
+    out: dict[str, set[str]] = {}
+    unexplained: list[End] = []
+    for end in ends:
+        for node in end.culprits:
+            out.setdefault(node, set()).add(end.job)
+        if not end.culprits:
+            unexplained.append(end)
+    on: dict[str, list[End]] = {}
+    for end in unexplained:
+        for node in end.nodes:
+            on.setdefault(node, []).append(end)
+    for node, chain in on.items():
+        if len(chain) >= 2 and shared_nodes(chain) == (node,):
+            out.setdefault(node, set()).update(e.job for e in chain)
+    return out
+
+
+def lemons(policy: Policy, ends: Iterable[End], now: float, since: Mapping[str, float]) -> dict[str, str]:
+    """node -> why it is a lemon: blamed for failed attempts of jobs.lemon.jobs different jobs within
+    jobs.lemon.window, counting only attempts after `since[node]` (when it was last taken as one)."""
+    lemon = policy.jobs.lemon
+    recent = [e for e in ends if e.ended_at >= now - lemon.window]
+    out = {}
+    for node, jobs in blames(recent).items():
+        counted = {e.job for e in recent if e.ended_at > since.get(node, float("-inf"))} & jobs
+        if len(counted) >= lemon.jobs:
+            out[node] = (f"lemon: failed attempts of {len(counted)} jobs blamed on it within "
+                         f"{lemon.window / 86400:g}d ({', '.join(sorted(counted, key=_job_order)[:5])})")
+    return out
+
+
+def _job_order(job: str) -> tuple[int, str]:
+    return (len(job), job)
+
+
+def decide(now: float, policy: Policy, job: JobView, alerts: Mapping[str, Sequence[Alert]],
+           views: Mapping[str, NodeView], chain: Sequence[End], lemon_nodes: Iterable[str]) -> Decision | None:
+    """The decision for one abnormal end not yet decided, or None to wait: with no culprit yet, an
+    end waits jobs.culprit_wait for the rule pack's alerts (they fire a minute or two after the Xid
+    that killed the job). `chain`: the job's earlier abnormal ends in jobs.window since a person last
+    released it."""
+    jobs = policy.jobs
+    fault, blamed, evidence = culprits(policy, job, alerts, views)
+    if not fault and now - job.end < jobs.culprit_wait:
+        return None
+    earlier = [e for e in chain if e.restarts < job.restarts]
+    attempts = len(earlier) + 1
+    this = End(job.job, job.restarts, job.end, job.nodes, "", blamed)
+    shared = shared_nodes([*earlier, this])
+    out = set(lemon_nodes) & set(_all_nodes(views, job))
+    base = dict(job=job.job, restarts=job.restarts, ended_at=job.end, nodes=job.nodes, culprits=blamed,
+                evidence=evidence or "no alert on its nodes at its end", attempts=attempts, shared=shared)
+    if attempts >= jobs.max_attempts:
+        why = (f"{attempts} abnormal ends within {span(jobs.window)}; "
+               + (f"nodes its failed attempts shared: {','.join(shared)}" if shared else "its attempts shared no node"))
+        return Decision(branch="held", why=why, exclude=(), start_at=now, **base)
+    if fault == "node":
+        if jobs.on_node_fault == "stop":
+            return Decision(branch="held", why=f"node fault ({evidence}): on_node_fault is stop", exclude=(),
+                            start_at=now, **base)
+        exclude = tuple(sorted(set(blamed) | out, key=_job_order))
+        return Decision(branch="node_fault", why=f"node fault: requeued without {','.join(blamed)} ({evidence})",
+                        exclude=exclude, start_at=now, **base)
+    if fault == "app":
+        return Decision(branch="app_fault", why=f"application fault: requeued at once ({evidence})",
+                        exclude=tuple(sorted(out, key=_job_order)), start_at=now, **base)
+    delay = jobs.backoff[min(len(earlier), len(jobs.backoff) - 1)]
+    return Decision(branch="backoff", why=f"no culprit: requeued to start {span(delay)} after its end",
+                    exclude=tuple(sorted(out, key=_job_order)), start_at=max(now, job.end + delay), **base)
+
+
+def _all_nodes(views: Mapping[str, NodeView], job: JobView) -> Iterable[str]:
+    """Every node the job could be placed on: a lemon anywhere is left out of its requeue."""
+    return views.keys() or job.nodes

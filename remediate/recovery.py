@@ -1,0 +1,157 @@
+"""Job recovery carried out: each pass, the jobs Slurm still holds are looked at, every abnormal end
+of a selected job is decided (remediate/jobs.py) and its decision written to the state file before
+any call. The calls, in order: requeuehold (the job back in the queue, held), update (AdminComment,
+ExcNodeList, StartTime), release (not for a held chain). A restart finds the decision pending and
+reads the job again: Slurm's RestartCnt says whether the requeue happened, its hold whether the
+release did, so no end is requeued twice and no job runs without its exclusion."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+
+from remediate.command import CommandError
+from remediate.jobs import ENDS, Decision, JobView, abnormal, decide, lemons, selected
+from remediate.plan import NodeView, span
+from remediate.policy import Policy
+from remediate.state import Breaker, State
+
+
+class Recovery:
+    def __init__(self, policy: Policy, state: State, scheduler: object, log: logging.Logger | logging.LoggerAdapter,
+                 clock: Callable[[], float]) -> None:
+        self.policy = policy
+        self.state = state
+        self.scheduler = scheduler
+        self.log = log
+        self.clock = clock
+        self.requeues: Counter[str] = Counter()  # by branch, since start (dry run's decisions included)
+        self.lemons: dict[str, str] = {}
+        self._told: set[tuple[str, int]] = set()  # ends whose wait was logged once
+        self.statuses = ("done",) if policy.enforce else ("done", "dry_run")
+        if (cut := state.interrupt_job_ends()) > 0:
+            self.log.warning("%d job requeue(s) were cut short by a restart: the jobs are read again before "
+                             "anything else", cut)
+
+    def list_jobs(self) -> dict[str, JobView]:
+        return self.scheduler.jobs()  # type: ignore[attr-defined]
+
+    def find_lemons(self, now: float) -> dict[str, str]:
+        """Nodes to drain as lemons, for the node plan; kept for every requeue's exclusions."""
+        ends = self.state.job_ends(now - self.policy.jobs.lemon.window, self.statuses)
+        self.lemons = lemons(self.policy, ends, now, self.state.lemon_taken(self.statuses))
+        return self.lemons
+
+    def run(self, now: float, jobs: Mapping[str, JobView], views: Mapping[str, NodeView], paused: str) -> None:
+        self._release_chains(jobs, now)
+        blocked = paused or self._breaker_why(now)
+        for decision in self.state.unfinished_job_ends():
+            if not blocked:
+                self._carry_out(decision, jobs.get(decision.job))
+        for job in sorted(jobs.values(), key=lambda j: (j.end, len(j.job), j.job)):
+            if not abnormal(job, self.policy.jobs) or self.state.decided(job.job, job.restarts):
+                continue
+            if not selected(job, self.policy.jobs, self._name):
+                continue
+            window = self.policy.jobs.window
+            chain = [e for e in self.state.job_ends(job.end - window, ("done", "dry_run", "pending", "interrupted",
+                                                                        "failed"))
+                     if e.job == job.job]
+            alerts = self.state.alerts_at(job.nodes, job.end, self.policy.jobs.culprit_wait)
+            decision = decide(now, self.policy, job, alerts, views, chain, self.lemons)
+            if decision is None:
+                self._tell(job, f"ended {job.state} (exit {job.code}, signal {job.signal}): waiting up to "
+                           f"{span(self.policy.jobs.culprit_wait)} for an alert to name a culprit")
+                continue
+            blocked = blocked or self._breaker_why(now, opening=decision.branch != "held")
+            if blocked:
+                self._tell(job, f"not requeued: {blocked}")
+                continue
+            self.state.begin_job_end(decision, "pending" if self.policy.enforce else "dry_run", self.clock())
+            self.requeues[decision.branch] += 1
+            evidence = "" if decision.evidence in decision.why else f" [evidence: {decision.evidence}]"
+            self.log.warning("job %s (attempt %d, on %s): %s: %s%s", job.job, decision.attempts,
+                             ",".join(job.nodes) or "no node", decision.branch, decision.why, evidence)
+            if self.policy.enforce:
+                self._carry_out(decision, job)
+
+    def _name(self, job: str) -> str | None:
+        detail = self.scheduler.job_detail(job)  # type: ignore[attr-defined]
+        return detail[0] if detail else None
+
+    def _tell(self, job: JobView, why: str) -> None:
+        if (job.job, job.restarts) not in self._told:
+            self._told.add((job.job, job.restarts))
+            self.log.warning("job %s: %s", job.job, why)
+
+    def _breaker_why(self, now: float, opening: bool = False) -> str:
+        """Why requeues stop: the breaker open, or (opening: about to requeue) the budget spent, which
+        opens it, as a drain past the node budget does."""
+        breaker = self.state.breaker(self.policy.mode)
+        if breaker.open:
+            return f"circuit breaker open ({breaker.why})"
+        if not opening:
+            return ""
+        window = self.policy.budget.window
+        tried = self.statuses + (("failed", "interrupted", "pending") if self.policy.enforce else ())
+        used = self.state.requeues_since(max(now - window, breaker.budget_from), tried)
+        if used < self.policy.jobs.budget:
+            return ""
+        why = f"circuit breaker open: {used} of {self.policy.jobs.budget} job requeues in {window / 3600:g}h"
+        self.state.set_breaker(self.policy.mode, Breaker(True, False, now, why, breaker.budget_from))
+        self.log.error("%s; no job is requeued and no node drained until a person runs "
+                       "`gpunode-remediate breaker reset`", why)
+        return why
+
+    def _carry_out(self, decision: Decision, job: JobView | None) -> None:
+        """The calls left to make for a decision, judged by the job as Slurm lists it now."""
+        d = decision
+        if not self.policy.enforce:
+            return
+        if job is None:
+            self.state.finish_job_end(d.job, d.restarts, "lost", self.clock(), "Slurm no longer holds the job")
+            self.log.error("job %s: not requeued: Slurm no longer holds its record (MinJobAge)", d.job)
+            return
+        try:
+            if job.restarts == d.restarts and job.state in ENDS:
+                self.scheduler.requeuehold(d.job)  # type: ignore[attr-defined]
+            elif job.restarts <= d.restarts or not job.requeue_held:
+                # Requeued and released before the restart, or no longer ours to touch.
+                self.state.finish_job_end(d.job, d.restarts, "done", self.clock())
+                return
+            detail = self.scheduler.job_detail(d.job)  # type: ignore[attr-defined]
+            excluded = tuple(sorted(set(detail[1] if detail else ()) | set(d.exclude)))
+            held = d.branch == "held"
+            # A held chain's StartTime too: once a person releases it, it starts then, not after the
+            # two minutes Slurm's requeue puts on it.
+            self.scheduler.update_job(d.job, d.comment, () if held else excluded,  # type: ignore[attr-defined]
+                                      d.start_at)
+            if not held:
+                self.scheduler.release(d.job)  # type: ignore[attr-defined]
+        except CommandError as err:
+            self.state.finish_job_end(d.job, d.restarts, "failed", self.clock(), str(err))
+            self.log.error("job %s: %s failed: %s", d.job, "hold" if d.branch == "held" else "requeue", err)
+            return
+        self.state.finish_job_end(d.job, d.restarts, "done", self.clock())
+        if held:
+            self.log.info("job %s: held for a person (%s)", d.job, d.comment)
+        else:
+            self.log.info("job %s: requeued%s, to start %s", d.job, f" without {','.join(excluded)}" if excluded
+                          else "", "at once" if d.start_at <= self.clock() else f"at {_clock(d.start_at)}")
+
+    def _release_chains(self, jobs: Mapping[str, JobView], now: float) -> None:
+        """A held chain a person released (or cancelled, and Slurm forgot) starts counting again."""
+        for held in self.state.held_chains(self.statuses):
+            job = jobs.get(held.job)
+            # Held, or still ended as when decided (a dry run's; or listed before the hold was made).
+            still = job is not None and (job.requeue_held
+                                         or (job.restarts == held.restarts and job.state in ENDS))
+            if not still:
+                self.state.release_chain(held.job, now)
+                self.log.info("job %s: its held chain was released by a person", held.job)
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
