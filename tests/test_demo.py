@@ -25,7 +25,7 @@ from demo import scenario as scenarios
 from demo.__main__ import POLL_SECONDS, Ending, bound, main, matches, watch
 from demo.stack import DEMO_SPEC, Stack, missing_tools
 from exporter import dashboards
-from exporter.dashboards.board import DCGM, JOB_PAST, MEASURED_MTBF, NFS_MOUNT, PFC, RESTARTS, expand
+from exporter.dashboards.board import DCGM, JOB_PAST, JOB_RECOVERY, MEASURED_MTBF, NFS_MOUNT, PFC, RESTARTS, expand
 from exporter.rulepack import load_spec
 from tests.helpers import Install, outside_any_venv
 from tests.netns import netns_unavailable
@@ -208,10 +208,10 @@ def test_the_faulty_node_is_taken_out_of_service_in_slurmctld(demo_run: Run) -> 
 def test_every_dashboard_panel_query_returns_data(demo_stack: Stack) -> None:
     """Each panel query of the dashboards rendered with the demo's spec returns data from the demo's
     Prometheus, except panels needing what the demo lacks (dcgm-exporter, PFC, an NFS mount node_exporter
-    sees, a job's hours of past, job restarts, a node held by gpunode-remediate):
+    sees, a job's hours of past, job restarts, a node held by gpunode-remediate, job recovery):
     those return none, which shows their stated need is real."""
     promql_parser = pytest.importorskip("promql_parser")
-    absent_in_demo = {DCGM, PFC, NFS_MOUNT, JOB_PAST, RESTARTS, MEASURED_MTBF}
+    absent_in_demo = {DCGM, PFC, NFS_MOUNT, JOB_PAST, RESTARTS, MEASURED_MTBF, JOB_RECOVERY}
     # gpunode-remediate holds the faulty node (GPU 5's remaps accelerate: a precursor) and raises no
     # alert of its own in the demo.
     empty, lacking = set(), {"Remediation alerts firing"}

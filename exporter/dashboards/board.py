@@ -45,6 +45,7 @@ SAVES = "checkpoint.min_saves saves within checkpoint.interval_window"
 WORKLOADS = "nodes running a job (gpunode_node_workload_info, docs/workloads.md)"
 RESTARTS = "a job restart: a node starting a new workload within goodput.restart_within of another"
 MEASURED_MTBF = "goodput.min_failures job restarts within goodput.mtbf_window"
+JOB_RECOVERY = "gpunode-remediate's job recovery (policy jobs.enabled)"
 DCGM = EXPORTERS["dcgm"]
 REMEDIATE = EXPORTERS["remediate"]
 _ORDER = ("gpunode", "node", "dcgm", "remediate")  # Prometheus' own `up` is always there: never named as a need

@@ -14,6 +14,7 @@ from exporter.dashboards.board import (
     FAILSLOW_INPUT,
     FAILSLOW_PEERS,
     JOB_PAST,
+    JOB_RECOVERY,
     MEASURED_MTBF,
     PEERS,
     REMEDIATION_ALERTS,
@@ -273,7 +274,8 @@ def remediation(b: Board) -> None:
             "requeued at once with the faulty node excluded; backoff, requeued to start after a delay when no node "
             "was to blame; held, the job's retry chain stopped at its jobs.max_attempts-th abnormal end within "
             "jobs.window and held for a person (GpuJobRetryChainStopped).", "short",
-            [Query(f"sum by (branch) (increase({requeues}[$__rate_interval]))", "{{branch}}")])
+            [Query(f"sum by (branch) (increase({requeues}[$__rate_interval]))", "{{branch}}")],
+            needs=(JOB_RECOVERY,))
     chains = stat_panel().text_mode(BigValueTextMode.VALUE_AND_NAME).thresholds(
         gd.ThresholdsConfig().mode(model.ThresholdsMode.ABSOLUTE).steps(
             [model.Threshold(None, "green"), model.Threshold(1, "orange")]))
@@ -285,7 +287,7 @@ def remediation(b: Board) -> None:
             f"GpuJobRetryChainStopped fires meanwhile ({runbook}).", "short",
             [Query(f"sum by (job_id, nodes) ({b.q('gpunode_remediate_job_chain_held_attempts')})",
                    "job {{job_id}} {{nodes}}"),
-             Query(f"max({b.q('gpunode_remediate_lemon_nodes')})", "lemon nodes")])
+             Query(f"max({b.q('gpunode_remediate_lemon_nodes')})", "lemon nodes")], needs=(JOB_RECOVERY,))
 
 
 def describe(_spec: dict[str, Any]) -> tuple[str, str, str]:
