@@ -7,6 +7,11 @@
   sends it); out comes `scontrol reboot` (a wrapper notes when it starts). Side by side in the same
   run, the floor: the same scontrol call made directly, and `scontrol -o show node`, which the
   service runs before it decides.
+- Job recovery: a batch job (`sbatch --requeue`) on a node where an application Xid fires ends
+  with exit 1; out comes its requeue (`scontrol requeuehold`, `update`, `release`: the wrapper notes
+  when the release returns), with the service looking every second (policy interval 1 s; the
+  default, 15 s, adds up to 15 s). Side by side, the floor: the same three calls and the `squeue`
+  listing made directly on another failed job.
 - A burst: one notification of --burst alerts over the cluster's 40 nodes (25 per node: every GPU
   and several alert names); the time to answer it, the time until the service has drained what its
   budget allows and blocked the rest, and the service's peak memory (VmHWM).
@@ -36,7 +41,7 @@ from common import (  # benchmarks/ is on sys.path when run as a script; common 
     summarize,
 )
 
-from demo.slurm import SlurmCluster, slurm_unavailable
+from demo.slurm import SlurmCluster, _tool, slurm_unavailable
 from tests.remediation import alert_json, notification
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,7 +77,7 @@ def decision_time(base: Path, cluster: SlurmCluster, rounds: int) -> dict[str, o
     wrapper = base / "scontrol"
     wrapper.write_text(f'#!/bin/sh\necho "$(date +%s.%N) $*" >> {log}\nexec {cluster.scontrol_path} "$@"\n')
     wrapper.chmod(0o755)
-    proc, url = start_service(base, cluster, wrapper, budget={"fraction": 1.0})
+    proc, url = start_service(base, cluster, wrapper, budget={"fraction": 1.0, "in_care": 1.0})
     ours, direct, listing = [], [], []
     try:
         for n in range(rounds):
@@ -86,8 +91,8 @@ def decision_time(base: Path, cluster: SlurmCluster, rounds: int) -> dict[str, o
                 time.sleep(0.005)
             ours.append(calls_started(log, "reboot")[-1] - sent)
             began = time.monotonic()
-            cluster.scontrol("reboot", "ASAP", "nextstate=DOWN", "reason=gpunode: bench", NODES[len(NODES) // 2 + n],
-                             check=True)
+            cluster.scontrol("reboot", "ASAP", "nextstate=DOWN", "reason=the floor, not the service's",
+                             NODES[len(NODES) // 2 + n], check=True)
             direct.append(time.monotonic() - began)
             began = time.monotonic()
             cluster.scontrol("-o", "show", "node", check=True)
@@ -97,6 +102,52 @@ def decision_time(base: Path, cluster: SlurmCluster, rounds: int) -> dict[str, o
         proc.wait()
     return {"notification_to_scontrol_call": summarize(ours), "scontrol_reboot_alone": summarize(direct),
             "scontrol_show_node_alone": summarize(listing)}
+
+
+def job_decision_time(base: Path, cluster: SlurmCluster, rounds: int) -> dict[str, object]:
+    log = base / "job-calls.log"
+    wrapper = base / "scontrol-jobs"
+    wrapper.write_text(f'#!/bin/sh\n{cluster.scontrol_path} "$@"; rc=$?\necho "$(date +%s.%N) $*" >> {log}\nexit $rc\n')
+    wrapper.chmod(0o755)
+    (base / "jobs").mkdir()
+    proc, url = start_service(base / "jobs", cluster, wrapper, interval="1s", budget={"fraction": 1.0},
+                              jobs={"enabled": True, "budget": 1000})
+    now = time.time()
+    body = notification(*(alert_json("GpuXidApplicationFault", node, starts=now - 30, xid="13", action="RESTART_APP")
+                          for node in NODES[:len(NODES) // 2]))  # the second half: the floor's, no alert
+    requests.post(f"{url}/alerts", data=body, timeout=30).raise_for_status()
+
+    def failing_job(node: str, stamp: Path) -> str:
+        script = f"sleep 1; date +%s.%N > {stamp}; exit 1"
+        out = cluster.run(_tool("sbatch"), "--parsable", "--requeue", "--output=/dev/null", f"--nodelist={node}",
+                          f"--wrap=if [ -z \"$SLURM_RESTART_COUNT\" ]; then {script}; fi", check=True).stdout
+        return out.strip().split(";")[0]
+
+    ours, floor = [], []
+    try:
+        for n in range(rounds):
+            stamp = base / "jobs" / f"end-{n}"
+            job = failing_job(NODES[n], stamp)
+            deadline = time.monotonic() + 60
+            while not (released := [line for line in (log.read_text().splitlines() if log.exists() else [])
+                                    if line.split()[1:] == ["release", job]]):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"job {job} not requeued within 60 s")
+                time.sleep(0.01)
+            ours.append(float(released[0].split()[0]) - float(stamp.read_text()))
+            other = failing_job(NODES[len(NODES) // 2 + n], base / "jobs" / f"floor-{n}")
+            cluster._wait(lambda other=other: cluster.job(int(other))["JobState"] == "FAILED", "a failed job", 30)
+            began = time.monotonic()
+            cluster.run(_tool("squeue"), "--noheader", "--states=all", "--Format=JobID:|,State:|", check=True)
+            cluster.scontrol("requeuehold", other, check=True)
+            cluster.scontrol("update", f"jobid={other}", "AdminComment=gpunode: bench", "StartTime=now", check=True)
+            cluster.scontrol("release", other, check=True)
+            floor.append(time.monotonic() - began)
+    finally:
+        proc.terminate()
+        proc.wait()
+    return {"job_end_to_requeue_done": summarize(ours), "squeue_and_three_scontrol_calls_alone": summarize(floor),
+            "policy_interval_s": 1}
 
 
 def burst(base: Path, cluster: SlurmCluster, size: int) -> dict[str, object]:
@@ -153,10 +204,20 @@ def main() -> int:
             cluster.scontrol("update", f"nodename={node}", "state=resume")
         cluster._wait(lambda: all(n["State"] == "IDLE" for n in cluster.all_nodes()), "idle nodes", 60)
         results["burst"] = burst(Path(tmp), cluster, args.burst)
+        cluster.run(_tool("scancel"), "--partition", cluster.partition)
+        cluster._wait(lambda: not any("REBOOT" in n["State"] for n in cluster.all_nodes()), "the reboots", 60)
+        for node in NODES:
+            cluster.scontrol("update", f"nodename={node}", "state=resume")
+        cluster._wait(lambda: all(n["State"] == "IDLE" for n in cluster.all_nodes()), "idle nodes", 60)
+        results["jobs"] = job_decision_time(Path(tmp), cluster, args.rounds)
     d = results["decision"]
     print("decision time, notification in -> scontrol call out (ms):")
     for name, row in d.items():
         print(f"  {name:32} p50 {row['p50_ms']:7.1f}  p90 {row['p90_ms']:7.1f}  max {row['max_ms']:7.1f}")
+    print("job recovery, the job's end -> its requeue done (ms):")
+    for name, row in results["jobs"].items():
+        if isinstance(row, dict):
+            print(f"  {name:38} p50 {row['p50_ms']:7.1f}  p90 {row['p90_ms']:7.1f}  max {row['max_ms']:7.1f}")
     b = results["burst"]
     print(f"burst: {b['alerts']} alerts ({b['bytes']} bytes) answered in {b['answered_s']} s, every node decided "
           f"in {b['all_decided_s']} s, {b['nodes_taken']} nodes taken (the budget), service VmHWM "

@@ -30,6 +30,7 @@ class Recovery:
         self.requeues: Counter[str] = Counter()  # by branch, since start (dry run's decisions included)
         self.lemons: dict[str, str] = {}
         self._told: set[tuple[str, int]] = set()  # ends whose wait was logged once
+        self._failed: dict[tuple[str, int], tuple[int, float]] = {}  # end -> failed tries, when the last failed
         self.statuses = ("done",) if policy.enforce else ("done", "dry_run")
         if (cut := state.interrupt_job_ends()) > 0:
             self.log.warning("%d job requeue(s) were cut short by a restart: the jobs are read again before "
@@ -48,7 +49,10 @@ class Recovery:
         self._release_chains(jobs, now)
         blocked = paused or self._breaker_why(now)
         for decision in self.state.unfinished_job_ends():
-            if not blocked:
+            tries, last = self._failed.get((decision.job, decision.restarts), (0, 0.0))
+            if tries > self.policy.scheduler.retries:
+                continue  # logged when it gave up: a person looks
+            if not blocked and now - last >= 2.0 ** tries:  # a failed call is tried again after 2, 4, 8 ... s
                 self._carry_out(decision, jobs.get(decision.job))
         for job in sorted(jobs.values(), key=lambda j: (j.end, len(j.job), j.job)):
             if not abnormal(job, self.policy.jobs) or self.state.decided(job.job, job.restarts):
@@ -132,7 +136,12 @@ class Recovery:
                 self.scheduler.release(d.job)  # type: ignore[attr-defined]
         except CommandError as err:
             self.state.finish_job_end(d.job, d.restarts, "failed", self.clock(), str(err))
-            self.log.error("job %s: %s failed: %s", d.job, "hold" if d.branch == "held" else "requeue", err)
+            tries = self._failed.get((d.job, d.restarts), (0, 0.0))[0] + 1
+            self._failed[(d.job, d.restarts)] = (tries, self.clock())
+            last = tries > self.policy.scheduler.retries
+            self.log.error("job %s: %s failed (try %d of %d)%s: %s", d.job, "hold" if d.branch == "held" else
+                           "requeue", tries, self.policy.scheduler.retries + 1, ": a person must look" if last else "",
+                           err)
             return
         self.state.finish_job_end(d.job, d.restarts, "done", self.clock())
         if held:
