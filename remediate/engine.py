@@ -215,7 +215,9 @@ class Engine:
     def _apply(self, step: Step, record: Record | None, now: float) -> None:
         if step.kind == "block":
             breaker = self.state.breaker(self.policy.mode)
-            if not breaker.open:  # a pause is open already: a person's, and stays theirs
+            # Opened only by a limit this plan reached: a block read from an open breaker (or a pause)
+            # that a person closed while the scheduler was listed does not open it again.
+            if not breaker.open and step.why.startswith("circuit breaker open:"):
                 self.state.set_breaker(self.policy.mode, Breaker(True, False, now, step.why, breaker.budget_from))
                 self.log.error("circuit breaker opened: %s; no node is drained until a person runs "
                                "`gpunode-remediate breaker reset`", step.why)

@@ -24,6 +24,7 @@ from remediate.policy import Jobs, Policy
 BRANCHES = ("app_fault", "node_fault", "backoff", "held")
 ENDS = ("failed", "node_fail")  # Slurm's states of an abnormal end; cancelled, completed and timeout are not
 APP_FAULT_ALERT = "GpuXidApplicationFault"
+NO_CULPRIT = "no alert on its nodes at its end"
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,12 @@ class End:
     nodes: tuple[str, ...]
     branch: str
     culprits: tuple[str, ...] = ()
+    evidence: str = NO_CULPRIT
+
+    @property
+    def unexplained(self) -> bool:
+        """No alert and no Slurm word named a culprit (an application fault is explained)."""
+        return not self.culprits and self.evidence == NO_CULPRIT
 
 
 @dataclass(frozen=True)
@@ -171,7 +178,7 @@ def blames(ends: Iterable[End]) -> dict[str, set[str]]:
     for end in ends:
         for node in end.culprits:
             out.setdefault(node, set()).add(end.job)
-        if not end.culprits:
+        if end.unexplained:
             unexplained.append(end)
     on: dict[str, list[End]] = {}
     for end in unexplained:
@@ -189,11 +196,14 @@ def lemons(policy: Policy, ends: Iterable[End], now: float, since: Mapping[str, 
     lemon = policy.jobs.lemon
     recent = [e for e in ends if e.ended_at >= now - lemon.window]
     out = {}
-    for node, jobs in blames(recent).items():
-        counted = {e.job for e in recent if e.ended_at > since.get(node, float("-inf"))} & jobs
-        if len(counted) >= lemon.jobs:
-            out[node] = (f"lemon: failed attempts of {len(counted)} jobs blamed on it within "
-                         f"{lemon.window / 86400:g}d ({', '.join(sorted(counted, key=_job_order)[:5])})")
+    everyone = blames(recent)
+    for node in everyone:
+        # Only ends after the node was last taken blame it again: its earlier blames are spent.
+        after = [e for e in recent if e.ended_at > since.get(node, float("-inf"))]
+        jobs = blames(after).get(node, set()) if node in since else everyone[node]
+        if len(jobs) >= lemon.jobs:
+            out[node] = (f"lemon: failed attempts of {len(jobs)} jobs blamed on it within "
+                         f"{lemon.window / 86400:g}d ({', '.join(sorted(jobs, key=_job_order)[:5])})")
     return out
 
 
@@ -217,7 +227,7 @@ def decide(now: float, policy: Policy, job: JobView, alerts: Mapping[str, Sequen
     shared = shared_nodes([*earlier, this])
     out = set(lemon_nodes) & set(_all_nodes(views, job))
     base = dict(job=job.job, restarts=job.restarts, ended_at=job.end, nodes=job.nodes, culprits=blamed,
-                evidence=evidence or "no alert on its nodes at its end", attempts=attempts, shared=shared)
+                evidence=evidence or NO_CULPRIT, attempts=attempts, shared=shared)
     if attempts >= jobs.max_attempts:
         why = (f"{attempts} abnormal ends within {span(jobs.window)}; "
                + (f"nodes its failed attempts shared: {','.join(shared)}" if shared else "its attempts shared no node"))

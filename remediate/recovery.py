@@ -30,6 +30,7 @@ class Recovery:
         self.requeues: Counter[str] = Counter()  # by branch, since start (dry run's decisions included)
         self.lemons: dict[str, str] = {}
         self._told: set[tuple[str, int]] = set()  # ends whose wait was logged once
+        self._names: dict[str, str | None] = {}
         self._failed: dict[tuple[str, int], tuple[int, float]] = {}  # end -> failed tries, when the last failed
         self.statuses = ("done",) if policy.enforce else ("done", "dry_run")
         if (cut := state.interrupt_job_ends()) > 0:
@@ -42,11 +43,13 @@ class Recovery:
     def find_lemons(self, now: float) -> dict[str, str]:
         """Nodes to drain as lemons, for the node plan; kept for every requeue's exclusions."""
         ends = self.state.job_ends(now - self.policy.jobs.lemon.window, self.statuses)
-        self.lemons = lemons(self.policy, ends, now, self.state.lemon_taken(self.statuses))
+        tried = self.statuses + (("failed", "interrupted", "pending") if self.policy.enforce else ())
+        self.lemons = lemons(self.policy, ends, now, self.state.lemon_taken(tried))
         return self.lemons
 
     def run(self, now: float, jobs: Mapping[str, JobView], views: Mapping[str, NodeView], paused: str) -> None:
         self._release_chains(jobs, now)
+        self._names = {job: name for job, name in self._names.items() if job in jobs}
         blocked = paused or self._breaker_why(now)
         for decision in self.state.unfinished_job_ends():
             tries, last = self._failed.get((decision.job, decision.restarts), (0, 0.0))
@@ -57,7 +60,11 @@ class Recovery:
         for job in sorted(jobs.values(), key=lambda j: (j.end, len(j.job), j.job)):
             if not abnormal(job, self.policy.jobs) or self.state.decided(job.job, job.restarts):
                 continue
-            if not selected(job, self.policy.jobs, self._name):
+            try:
+                if not selected(job, self.policy.jobs, self._name):
+                    continue
+            except CommandError as err:
+                self._tell(job, f"its name could not be read: {err}; tried again at the next look")
                 continue
             window = self.policy.jobs.window
             chain = [e for e in self.state.job_ends(job.end - window, ("done", "dry_run", "pending", "interrupted",
@@ -82,8 +89,11 @@ class Recovery:
                 self._carry_out(decision, job)
 
     def _name(self, job: str) -> str | None:
-        detail = self.scheduler.job_detail(job)  # type: ignore[attr-defined]
-        return detail[0] if detail else None
+        """Asked once per job id while Slurm lists it: a job left out is not asked again every pass."""
+        if job not in self._names:
+            detail = self.scheduler.job_detail(job)  # type: ignore[attr-defined]
+            self._names[job] = detail[0] if detail else None
+        return self._names[job]
 
     def _tell(self, job: JobView, why: str) -> None:
         if (job.job, job.restarts) not in self._told:
@@ -157,8 +167,8 @@ class Recovery:
             # Held, or still ended as when decided (a dry run's; or listed before the hold was made).
             still = job is not None and (job.requeue_held
                                          or (job.restarts == held.restarts and job.state in ENDS))
-            if not still:
-                self.state.release_chain(held.job, now)
+            if not still:  # ends after the held one start a new chain, however late this pass saw it
+                self.state.release_chain(held.job, held.ended_at)
                 self.log.info("job %s: its held chain was released by a person", held.job)
 
 

@@ -333,9 +333,10 @@ class State:
     def job_ends(self, since: float, statuses: tuple[str, ...]) -> list[End]:
         """Ends decided (with these statuses) since a time, each after its chain's last release."""
         marks = ",".join("?" * len(statuses))
-        return [End(job, restarts, ended, tuple(json.loads(nodes)), branch, tuple(json.loads(culprits)))
-                for job, restarts, ended, nodes, branch, culprits in self._rows(
-                    "SELECT e.job, e.restarts, e.ended_at, e.nodes, e.branch, e.culprits FROM job_ends e LEFT JOIN "
+        return [End(job, restarts, ended, tuple(json.loads(nodes)), branch, tuple(json.loads(culprits)), evidence)
+                for job, restarts, ended, nodes, branch, culprits, evidence in self._rows(
+                    "SELECT e.job, e.restarts, e.ended_at, e.nodes, e.branch, e.culprits, e.evidence FROM job_ends e "
+                    "LEFT JOIN "
                     f"chains c ON c.job = e.job WHERE e.status IN ({marks}) AND e.ended_at >= ? "
                     "AND e.ended_at > COALESCE(c.released_at, -1) ORDER BY e.ended_at", *statuses, since)]
 

@@ -107,3 +107,13 @@ def test_a_node_blamed_by_three_jobs_is_a_lemon_and_its_blames_are_spent_once_ta
     assert lemons(POLICY, ends[:3], 1000, {}) == {}  # one culprit-less attempt blames no node
     assert lemons(POLICY, ends, 1000, {"gpu003": 250}) == {}  # taken at 250: only job 3 counts since
     assert lemons(POLICY, ends, 100 + 7 * 86400 + 1, {}) == {}  # job 1's blame left the window
+
+
+def test_an_application_fault_blames_no_node_and_spent_blames_stay_spent() -> None:
+    app = "GpuXidApplicationFault xid=13 action=RESTART_APP on gpu003"
+    ends = [End(str(n), 0, 100.0 * n, ("gpu003",), "app_fault", (), app) for n in range(1, 4)]
+    assert blames(ends) == {}
+    # Three jobs blamed gpu003 before it was taken at 350; each failed since, elsewhere: still spent.
+    ends = [End(str(n), 0, 100.0 * n, ("gpu003",), "node_fault", ("gpu003",)) for n in range(1, 4)]
+    ends += [End(str(n), 1, 400.0 + n, (f"gpu01{n}",), "backoff") for n in range(1, 4)]
+    assert lemons(POLICY, ends, 1000, {"gpu003": 350}) == {}

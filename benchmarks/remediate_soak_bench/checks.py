@@ -1,5 +1,6 @@
-"""What the logs say about the run: every scheduler call the service made (the scontrol wrapper's log),
-every GPU reset it ran (the reset command's log), what Slurm showed, and the service's own log.
+"""What the logs say about the run: every scheduler call the service made (the scontrol and squeue
+wrappers' logs), every GPU reset it ran (the reset command's log), what Slurm showed, every attempt of
+every soak job (the jobs' own log) and the service's own log.
 
 A call belongs to the episode of its node that fired last before it. Definitions:
 - doubled: a second reboot that took effect in one episode; a second reset command run in one
@@ -19,7 +20,31 @@ A call belongs to the episode of its node that fired last before it. Definitions
 - healthy node-hours taken: time out of service, from the service's new drain to its return (or the
   end of the run), of nodes whose episode was a false alarm (a flap of a few seconds on a healthy
   node) or an alert whose rule says nothing is to be done (GpuXidApplicationFault), in hours of the
-  soak's clock.
+  soak's clock. Lemon node-hours apart: from a lemon hold that took effect to the node's next return
+  (the crew's) or the end. Every lemon of the soak is a healthy node: its jobs fail on cue, anywhere.
+- a lemon hold (`gpunode: hold lemon ... (JOB, ...)`) has its cause when each job it names had an
+  abnormal end on that node before it; after a person's return it touches nothing when the jobs it
+  names had abnormal ends on the node after the service last took it as a lemon (jobs.lemon.jobs of
+  them), nor does a drain the breaker stopped there when jobs.lemon.jobs jobs had such ends within
+  jobs.lemon.window (the person released the node's alerts: a lemon is all the service can want of it).
+
+Jobs. An abnormal end: an attempt whose script exited non-zero (the jobs' log), or one Slurm showed
+NODE_FAIL or FAILED with no end logged. An effective call: one that reached Slurm and exited 0. Definitions:
+- doubled requeue: an effective `requeuehold` of a job whose latest end before it was an abnormal end
+  another effective requeuehold answered already; an attempt number skipped ($SLURM_RESTART_COUNT n
+  with no attempt n-1); an attempt n begun, or a RestartCnt n shown, before n abnormal ends.
+- forbidden requeue: any requeuehold, update jobid= or release of a job of a kind the service must
+  never requeue (--no-requeue, cancelled by a person, submitted --hold, completed at once, a name
+  jobs.select leaves out, the episodes' own `soak` jobs), whatever became of the call; an effective
+  requeuehold of a job whose latest end was a success, or that had not ended.
+- chain past its limit: a job that, after the jobs.max_attempts-th abnormal end since a person last
+  released its held chain, starts again, ends abnormally again or gets a `release` from the service,
+  before a person releases it. Miscounted (a figure): an update whose AdminComment's `attempt N`
+  differs from the abnormal ends since the person's last release, or `held` before the limit.
+- excluded node run: an attempt begun on a node of the ExcNodeList that an effective update gave the
+  job before it.
+- job budget exceeded: more requeues decided (the service's `job N (attempt ...): BRANCH:` lines,
+  held ones left out) within a budget window, since the last `breaker reset`, than jobs.budget.
 """
 
 from __future__ import annotations
@@ -35,12 +60,16 @@ from typing import Any
 from common import percentile
 
 from remediate.policy import build
-from remediate.scheduler.slurm import fields
+from remediate.scheduler.slurm import expand_hostlist, fields
 from remediate_soak_bench.driver import Run, in_service
 from remediate_soak_bench.episodes import Episode
+from remediate_soak_bench.jobs import NEVER, RECOVERED, Attempt, read_attempts
 
 SEP = "\x1f"
 _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) level=\w+ gpunode-remediate: (.*)$")
+_DECISION = re.compile(r"^job (\d+) \(attempt (\d+), on ([^)]*)\): (app_fault|node_fault|backoff|held): (.*)$")
+_COMMENT = re.compile(r"^gpunode: (app_fault|node_fault|backoff|held) attempt (\d+):")
+_LEMON = "gpunode: hold lemon"
 
 
 @dataclass
@@ -54,10 +83,10 @@ class Call:
 
     @property
     def kind(self) -> str:
-        """drain, hold, resume, reboot; "" for a read."""
+        """drain, hold, resume, reboot; "" for a read or a job's call."""
         if self.argv[:1] == ["reboot"]:
             return "reboot"
-        if self.argv[:1] == ["update"]:
+        if self.argv[:1] == ["update"] and not self.job:
             state = next((a for a in self.argv if a.startswith("state=")), "")
             return {"state=resume": "resume"}.get(state, "hold" if self.reason.startswith("gpunode: hold") else "drain")
         return ""
@@ -75,6 +104,22 @@ class Call:
     @property
     def reached_slurm(self) -> bool:
         return self.fate in ("call", "late")
+
+    @property
+    def job(self) -> str:
+        """The job of a requeuehold, `update jobid=` or release; "" for any other call."""
+        if self.argv[:1] in (["requeuehold"], ["release"]) and len(self.argv) > 1:
+            return self.argv[1]
+        if self.argv[:1] == ["update"] and len(self.argv) > 1 and self.argv[1].startswith("jobid="):
+            return self.argv[1].removeprefix("jobid=")
+        return ""
+
+    @property
+    def effective(self) -> bool:
+        return self.reached_slurm and self.rc == 0
+
+    def value(self, key: str) -> str:
+        return next((a.split("=", 1)[1] for a in self.argv[1:] if a.startswith(f"{key}=")), "")
 
 
 def read_calls(path: Path) -> list[Call]:
@@ -118,6 +163,13 @@ class Story:
         for episode in sorted((e for e in run.episodes if e.fired_at), key=lambda e: e.fired_at):
             self.by_node.setdefault(episode.node, []).append(episode)
         self.starts = {node: [e.fired_at for e in eps] for node, eps in self.by_node.items()}
+        every = read_calls(run.calls)
+        self.job_calls = [c for c in every if c.job]
+        self.attempts = read_attempts(run.job_runs)
+        self.ends = {job.id: abnormal_ends(self.attempts.get(job.id, []), run.job_seen.get(job.id, []))
+                     for job in run.jobs}
+        self.decisions = [(at, m.group(1), int(m.group(2)), m.group(4)) for at, said in self.log
+                          if (m := _DECISION.match(said))]
 
     def episode_at(self, node: str, at: float) -> Episode | None:
         index = bisect.bisect_right(self.starts.get(node, []), at) - 1
@@ -151,6 +203,14 @@ class Story:
         seen = [r for t, _, r in self.run.seen.get(call.node, []) if t < call.at]
         return seen[-1] if seen else ""
 
+    def lemon_cause(self, call: Call) -> tuple[list[str], list[str]]:
+        """(the jobs a lemon hold names, those of them with an abnormal end on its node before it)."""
+        listed = re.search(r"\(([\d, ]+)\)\)?$", call.reason)
+        named = re.findall(r"\d+", listed.group(1)) if listed else []
+        failed = [job for job in named if any(call.node in nodes and at < call.at
+                                              for at, _, nodes in self.ends.get(job, []))]
+        return named, failed
+
     def new_drains(self) -> list[Call]:
         return [c for c in self.calls if c.kind in ("drain", "hold", "reboot") and self.took_effect(c)
                 and not self.reason_before(c).startswith("gpunode:")]
@@ -174,16 +234,43 @@ def doubled(story: Story) -> list[str]:
     return found
 
 
+def fresh_lemon(story: Story, call: Call) -> bool:
+    """A lemon hold whose jobs (jobs.lemon.jobs of those it names) failed on the node after the service
+    last took it as a lemon: blames a person's return has not spent."""
+    if not call.reason.startswith(_LEMON):
+        return False
+    taken = max((c.at for c in story.calls if c.node == call.node and c.reason.startswith(_LEMON)
+                 and c.at < call.at and story.took_effect(c)), default=0.0)
+    named, _ = story.lemon_cause(call)
+    fresh = [job for job in named if any(call.node in nodes and taken < at < call.at
+                                         for at, _, nodes in story.ends.get(job, []))]
+    return len(fresh) >= story.policy.jobs.lemon.jobs
+
+
+def lemon_due(story: Story, node: str, at: float) -> bool:
+    """jobs.lemon.jobs different jobs with abnormal ends on the node within jobs.lemon.window before `at`,
+    after the service last took it as a lemon: a drain the breaker stopped on a node with no alert of its
+    own (a person released its alerts) is then a lemon's."""
+    lemon = story.policy.jobs.lemon
+    taken = max((c.at for c in story.calls if c.node == node and c.reason.startswith(_LEMON) and c.at < at
+                 and story.took_effect(c)), default=0.0)
+    jobs = {job for job, ends in story.ends.items()
+            if any(node in nodes and max(taken, at - lemon.window) < end < at for end, _, nodes in ends)}
+    return len(jobs) >= lemon.jobs
+
+
 def touched(story: Story) -> list[str]:
     found = []
     for took, node, what in story.run.person_took:
         until = story.next_start(node, took)
         found += [f"{node}: {c.kind} at {c.at:.3f} ({c.reason or 'return'}), after a person's {what} at {took:.3f}"
-                  for c in story.calls if c.node == node and took < c.at < until and c.reached_slurm]
+                  for c in story.calls if c.node == node and took < c.at < until and c.reached_slurm
+                  and not fresh_lemon(story, c)]
         found += [f"{node}: GPU reset at {at:.3f}, after a person's {what} at {took:.3f}"
                   for at, n, _ in story.resets if n == node and took < at < until]
         found += [f"{node}: {said!r} at {at:.3f}, after a person's {what} at {took:.3f}"
-                  for at, said in story.log if said.startswith(f"{node}: not drained") and took < at < until]
+                  for at, said in story.log if said.startswith(f"{node}: not drained") and took < at < until
+                  and not lemon_due(story, node, at)]
     return found
 
 
@@ -191,6 +278,12 @@ def uncaused(story: Story) -> list[str]:
     """Actions on a node whose alert asks for none, or that had no alert."""
     found = []
     for call in story.calls:
+        if call.reason.startswith(_LEMON):
+            named, failed = story.lemon_cause(call)
+            if call.reached_slurm and (len(failed) < len(named) or not named):
+                found.append(f"{call.node}: lemon hold at {call.at:.3f} naming jobs {named}, of which only "
+                             f"{failed} failed on it")
+            continue
         episode = story.episode_at(call.node, call.at)
         if call.reached_slurm and (episode is None or episode.action == "none"):
             alert = episode.alertname if episode else "no"
@@ -242,16 +335,29 @@ def end_state(story: Story) -> dict[str, list[str]]:
 
 
 def returns(story: Story) -> dict[int, tuple[float, float | None]]:
-    """Episode id -> (its first new drain, the return after it) for every episode the service took."""
+    """Episode id -> (its first new drain, the return after it) for every episode the service took; a
+    lemon's hold is no episode's (lemon_hours)."""
     out: dict[int, tuple[float, float | None]] = {}
     for drain in story.new_drains():
         episode = story.episode_at(drain.node, drain.at)
+        if drain.reason.startswith(_LEMON):
+            continue
         if episode is None or episode.id in out:
             continue
         back = next((c.at for c in story.calls if c.node == drain.node and c.kind == "resume" and c.at > drain.at
                      and story.episode_at(c.node, c.at) is episode and story.took_effect(c)), None)
         out[episode.id] = (drain.at, back)
     return out
+
+
+def lemon_hours(story: Story) -> float:
+    run, total = story.run, 0.0
+    for hold in (c for c in story.new_drains() if c.reason.startswith(_LEMON)):
+        back = [t for t, node, what in run.person_took if node == hold.node and what == "resume" and t > hold.at]
+        back += [c.at for c in story.calls if c.node == hold.node and c.kind == "resume" and c.at > hold.at
+                 and story.took_effect(c)]
+        total += min(back, default=run.finished) - hold.at
+    return total / 3600
 
 
 def stale_while_firing(story: Story) -> list[str]:
@@ -277,9 +383,261 @@ def breaker_after_controller_start(story: Story) -> list[str]:
     return found
 
 
+# Jobs
+
+End = tuple[float, int, tuple[str, ...]]  # (when, attempt, nodes) of an abnormal end
+
+
+def abnormal_ends(attempts: list[Attempt], seen: list[tuple[float, str, str, int, str, str, str]]) -> list[End]:
+    """A job's abnormal ends: attempts its script ended non-zero, and attempts Slurm showed ended
+    abnormally (NODE_FAIL, FAILED) whose script logged no end (killed with its node)."""
+    ends = [(a.ended, a.attempt, a.nodes) for a in attempts if a.abnormal and a.ended is not None]
+    logged = {a.attempt for a in attempts if a.ended is not None}
+    for at, state, _, restarts, nodes, _, _ in seen:
+        if state in ("NODE_FAIL", "FAILED") and restarts not in logged:
+            logged.add(restarts)
+            hosts = tuple(expand_hostlist(nodes)) if nodes and nodes != "(null)" else ()
+            ends.append((at, restarts, hosts))
+    return sorted(ends)
+
+
+def _latest(events: list[tuple[float, ...]], at: float) -> tuple[float, ...] | None:
+    before = [e for e in events if e[0] < at]
+    return before[-1] if before else None
+
+
+def doubled_requeues(story: Story) -> list[str]:
+    found = []
+    for job in story.run.jobs:
+        attempts, ends = story.attempts.get(job.id, []), story.ends[job.id]
+        # Every end, normal or abnormal: a requeuehold answers the latest one before it.
+        every = sorted([(a.ended, a.attempt, a.code) for a in attempts if a.ended is not None]
+                       + [(at, n, -1) for at, n, _ in ends if not any(a.attempt == n and a.ended for a in attempts)])
+        answered: dict[int, float] = {}
+        for call in (c for c in story.job_calls if c.job == job.id and c.argv[0] == "requeuehold" and c.effective):
+            latest = _latest(every, call.at)
+            if latest is None or latest[2] == 0:
+                continue  # forbidden_requeues says it
+            if latest[1] in answered:
+                found.append(f"job {job.id} ({job.kind}): requeuehold #{call.seq} at {call.at:.3f} answers attempt "
+                             f"{latest[1]}'s end at {latest[0]:.3f}, which the requeuehold at "
+                             f"{answered[latest[1]]:.3f} answered")
+            answered[latest[1]] = call.at
+        numbers = [a.attempt for a in attempts]
+        if numbers != list(range(len(numbers))):
+            found.append(f"job {job.id} ({job.kind}): attempts {numbers}: RestartCnt skipped a number")
+        for a in attempts[1:]:
+            before = sum(1 for at, _, _ in ends if at < a.started)
+            if before < a.attempt:
+                found.append(f"job {job.id} ({job.kind}): attempt {a.attempt} began at {a.started:.3f} after "
+                             f"{before} abnormal ends")
+        shown = 0
+        for at, state, _, restarts, *_ in story.run.job_seen.get(job.id, []):
+            before = sum(1 for end, _, _ in ends if end < at)
+            if restarts > before and restarts > shown:
+                shown = restarts
+                found.append(f"job {job.id} ({job.kind}): RestartCnt {restarts} ({state}) at {at:.3f} after "
+                             f"{before} abnormal ends")
+    return found
+
+
+def forbidden_requeues(story: Story) -> list[str]:
+    never = {job.id: job.kind for job in story.run.jobs if job.kind in NEVER}
+    never |= {e.sleeper: "episode job" for e in story.run.episodes if e.sleeper}
+    found = [f"job {c.job} ({never[c.job]}): {' '.join(c.argv[:2])} #{c.seq} at {c.at:.3f} ({c.fate}, exit {c.rc})"
+             for c in story.job_calls if c.job in never]
+    for job in story.run.jobs:
+        if job.kind in NEVER:
+            continue
+        attempts = story.attempts.get(job.id, [])
+        every = sorted([(a.ended, a.attempt, a.code) for a in attempts if a.ended is not None]
+                       + [(at, n, -1) for at, n, _ in story.ends[job.id]])
+        for call in (c for c in story.job_calls if c.job == job.id and c.argv[0] == "requeuehold" and c.effective):
+            latest = _latest(every, call.at)
+            if latest is None:
+                found.append(f"job {job.id} ({job.kind}): requeuehold #{call.seq} at {call.at:.3f} before any end")
+            elif latest[2] == 0:
+                found.append(f"job {job.id} ({job.kind}): requeuehold #{call.seq} at {call.at:.3f} after attempt "
+                             f"{latest[1]} completed at {latest[0]:.3f}")
+    return found
+
+
+def _segments(story: Story, job_id: str) -> list[tuple[list[End], float]]:
+    """A job's abnormal ends by chain: a person's release of its held chain (after max_attempts ends)
+    begins the next; each with the time that chain ended (the release, or never)."""
+    limit = story.policy.jobs.max_attempts
+    releases = sorted(t for t, j, what in story.run.job_people if j == job_id and what == "release")
+    chains: list[tuple[list[End], float]] = []
+    current: list[End] = []
+    for end in story.ends[job_id]:
+        while releases and releases[0] < end[0]:
+            released = releases.pop(0)
+            if len(current) >= limit:
+                chains.append((current, released))
+                current = []
+        current.append(end)
+    chains.append((current, releases[0] if releases else float("inf")))
+    return chains
+
+
+def chains_past_limit(story: Story) -> list[str]:
+    limit, found = story.policy.jobs.max_attempts, []
+    for job in story.run.jobs:
+        if job.kind not in RECOVERED:
+            continue
+        for chain, until in _segments(story, job.id):
+            if len(chain) < limit:
+                continue
+            held_at = chain[limit - 1][0]
+            found += [f"job {job.id}: abnormal end {n} of one chain at {at:.3f} (attempt {attempt}), past "
+                      f"max_attempts {limit}" for n, (at, attempt, _) in enumerate(chain[limit:], limit + 1)]
+            found += [f"job {job.id}: attempt {a.attempt} began at {a.started:.3f}, after its chain's abnormal end "
+                      f"{limit} at {held_at:.3f}, with no person's release" for a in story.attempts.get(job.id, [])
+                      if held_at < a.started < until]
+            found += [f"job {job.id}: the service released it (#{c.seq} at {c.at:.3f}, {c.fate}) after its chain's "
+                      f"abnormal end {limit} at {held_at:.3f}" for c in story.job_calls
+                      if c.job == job.id and c.argv[0] == "release" and c.reached_slurm and held_at < c.at < until]
+    return found
+
+
+def miscounted_chains(story: Story) -> list[str]:
+    """AdminComments whose attempt number differs from the chain's abnormal ends, or held early."""
+    limit, found = story.policy.jobs.max_attempts, []
+    for job in story.run.jobs:
+        chains = _segments(story, job.id)
+        for call in (c for c in story.job_calls if c.job == job.id and c.argv[0] == "update" and c.effective):
+            match = _COMMENT.match(call.value("AdminComment"))
+            if match is None:
+                continue
+            for chain, until in chains:
+                position = sum(1 for at, _, _ in chain if at < call.at)
+                if position and chain[0][0] < call.at < until:
+                    branch, said = match.group(1), int(match.group(2))
+                    if said != position or (branch == "held") != (position >= limit):
+                        found.append(f"job {job.id}: {branch} attempt {said} at {call.at:.3f}, the chain's abnormal "
+                                     f"end {position}")
+                    break
+    return found
+
+
+def excluded_runs(story: Story) -> list[str]:
+    found = []
+    for job in story.run.jobs:
+        updates = [c for c in story.job_calls if c.job == job.id and c.argv[0] == "update" and c.effective
+                   and c.value("ExcNodeList")]
+        for attempt in story.attempts.get(job.id, []):
+            given = {n for c in updates if c.at < attempt.started for n in expand_hostlist(c.value("ExcNodeList"))}
+            if on := sorted(given & set(attempt.nodes)):
+                found.append(f"job {job.id}: attempt {attempt.attempt} began at {attempt.started:.3f} on "
+                             f"{','.join(attempt.nodes)}, excluded {','.join(sorted(given))}: {','.join(on)}")
+    return found
+
+
+def job_budget_exceeded(story: Story) -> list[str]:
+    window, budget, found = story.policy.budget.window, story.policy.jobs.budget, []
+    requeues = [(at, job, attempt) for at, job, attempt, branch in story.decisions if branch != "held"]
+    for at, job, attempt in requeues:
+        reset = max((r for r in story.run.breaker_resets if r <= at), default=0.0)
+        start = max(at - window + _STAMP_SLACK / 2, reset)
+        within = [(t, j, n) for t, j, n in requeues if start <= t <= at]
+        if len(within) > budget:
+            found.append(f"job {job} attempt {attempt} at {at:.3f}: {len(within)} requeues since {start:.3f} "
+                         f"(breaker reset {reset:.3f}); jobs.budget {budget}")
+    return found
+
+
+def lemon_blames_beyond_the_docs(story: Story) -> list[str]:
+    """Jobs a lemon hold names whose failed attempts on the node are one, and that one not blamed on it
+    (a node_fault decision naming it): docs/remediation.md blames a node as a culprit, or as the only
+    node two or more culprit-less attempts of one job shared."""
+    found = []
+    for call in story.calls:
+        if not call.reason.startswith(_LEMON):
+            continue
+        for job in story.lemon_cause(call)[0]:
+            on = [end for end in story.ends.get(job, []) if call.node in end[2] and end[0] < call.at]
+            if len(on) != 1:
+                continue
+            decision = next((d for d in story.decisions if d[1] == job and d[0] > on[0][0]), None)
+            why = next((said for at, said in story.log if decision and at == decision[0]
+                        and said.startswith(f"job {job} ")), "")
+            if decision and decision[3] == "node_fault" and f"without {call.node}" in why:
+                continue
+            found.append(f"{call.node}: lemon at {call.at:.3f} names job {job}, whose one failed attempt on it "
+                         f"(attempt {on[0][1]}, on {','.join(on[0][2])}) was decided "
+                         f"{decision[3] if decision else 'never'}")
+    return found
+
+
+def job_notes(story: Story) -> dict[str, list[str]]:
+    """What the figures count, line by line (the results JSON's summary.job_notes)."""
+    run = story.run
+    return {
+        "job_breaker_openings": [f"{at:.3f} {said.split(';')[0]}" for at, said in story.log
+                                 if "job requeues in" in said and said.startswith("circuit breaker open")],
+        # Neither released nor cancelled by a person, nor cancelled with every job at the end.
+        "chains_taken_as_released_by_no_one": [
+            f"{at:.3f} {said}" for at, said in story.log if said.endswith("its held chain was released by a person")
+            and at < run.driven and not any(j == said.split()[1].rstrip(":") and t <= at
+                                            for t, j, _ in run.job_people)],
+        "lemon_blames_beyond_the_docs": lemon_blames_beyond_the_docs(story),
+    }
+
+
+def job_figures(story: Story) -> dict[str, Any]:
+    run, attempts = story.run, story.attempts
+    kinds = {job.id: job.kind for job in run.jobs}
+    calls = Counter(c.argv[0] for c in story.job_calls)
+    sq = read_calls(run.squeue_calls)
+    listings = [c for c in sq if not any(a.startswith("--jobs=") for a in c.argv)]
+    by_kind: dict[str, Counter[str]] = {}
+    for _, job, _, branch in story.decisions:
+        by_kind.setdefault(kinds.get(job, "other"), Counter())[branch] += 1
+    culprits = []
+    for at, job, _, branch in story.decisions:
+        if branch != "node_fault" or kinds.get(job) != "node_fault":
+            continue
+        alerted = [e.node for e in run.episodes if e.about_job == job and e.fired_at and e.fired_at < at]
+        update = next((c for c in story.job_calls if c.job == job and c.argv[0] == "update" and c.effective
+                       and c.at >= at), None)
+        if alerted:  # its own alert posted (not one of another episode's on its node)
+            culprits.append(bool(update and alerted[-1] in expand_hostlist(update.value("ExcNodeList") or "x")))
+    final = {}
+    for job in run.jobs:
+        tried = attempts.get(job.id, [])
+        final[job.id] = "completed" if tried and tried[-1].code == 0 else (
+            run.job_seen[job.id][-1][1].lower() if run.job_seen.get(job.id) else "never seen")
+    return {
+        "submitted": dict(Counter(job.kind for job in run.jobs)),
+        "attempts": sum(len(a) for a in attempts.values()),
+        "abnormal_ends": sum(len(e) for e in story.ends.values()),
+        "requeues_by_branch": dict(Counter(branch for _, _, _, branch in story.decisions)),
+        "decisions_by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
+        "chains_held": sum(branch == "held" for *_, branch in story.decisions),
+        "held_chains_released_by_a_person": sum(what == "release" for _, _, what in run.job_people),
+        "cancelled_by_a_person": sum(what == "cancel" for _, _, what in run.job_people),
+        "completed_after_failing": sum(1 for job in run.jobs if job.kind in RECOVERED and final[job.id] == "completed"
+                                       and len(attempts.get(job.id, [])) > 1),
+        "node_fault_requeues_without_the_alerted_node": f"{sum(culprits)} of {len(culprits)}",
+        "lemon_holds": sum(1 for c in story.calls if c.reason.startswith(_LEMON) and c.reached_slurm),
+        "service_calls": dict(calls), "service_calls_failed_or_timed_out":
+            sum(1 for c in story.job_calls if not c.effective),
+        "squeue_calls": len(sq), "squeue_listings": len(listings),
+        "squeue_listings_failed": sum(c.fate == "fail" for c in listings),
+        "squeue_listings_timed_out": sum(c.fate in ("hang", "late") for c in listings),
+        "job_breaker_openings": sum("job requeues in" in said and said.startswith("circuit breaker open")
+                                    for _, said in story.log),
+        "chains_taken_as_released_by_no_one": len(job_notes(story)["chains_taken_as_released_by_no_one"]),
+        "lemon_blames_beyond_the_docs": len(job_notes(story)["lemon_blames_beyond_the_docs"]),
+        "jobs_lost": sum("Slurm no longer holds its record" in said for _, said in story.log),
+        "final": dict(Counter(final.values())),
+    }
+
+
 def summarize(run: Run) -> dict[str, Any]:
     story = Story(run)
     every = read_calls(run.calls)
+    squeue = read_calls(run.squeue_calls)
     taken = returns(story)
     back = [b - t for t, b in taken.values() if b is not None]
     by_id = {e.id: e for e in run.episodes}
@@ -291,6 +649,7 @@ def summarize(run: Run) -> dict[str, Any]:
               "controller_stops": sum(k == "controller_stop" for _, k, _ in run.faults),
               "scheduler_calls_failed": sum(c.fate == "fail" for c in every),
               "scheduler_calls_timed_out": sum(c.fate in ("hang", "late") for c in every),
+              "job_listings_failed_or_timed_out": sum(c.fate != "call" for c in squeue),
               "webhooks_dropped": run.counters.get("webhooks_dropped", 0),
               "stuck_reboots": sum(e.role == "stuck_reboot" and e.fired_at > 0 for e in run.episodes),
               "operator_resumes_mid_reset": people[("operator_resume", "resume")],
@@ -299,12 +658,20 @@ def summarize(run: Run) -> dict[str, Any]:
     stuck_node = next(n for n, role in run.roles.items() if role == "stuck_reboot")
     found = {"doubled_actions": doubled(story), "operator_nodes_touched": touched(story),
              "budget_exceedances": budget_exceeded(story), "stuck_nodes": states["stuck"],
-             "actions_without_cause": uncaused(story)}
+             "actions_without_cause": uncaused(story), "doubled_requeues": doubled_requeues(story),
+             "forbidden_requeues": forbidden_requeues(story), "chains_past_limit": chains_past_limit(story),
+             "excluded_node_runs": excluded_runs(story), "job_budget_exceedances": job_budget_exceeded(story),
+             "chains_miscounted": miscounted_chains(story)}
     checks = {"no_doubled_actions": not found["doubled_actions"],
               "operator_nodes_untouched": not found["operator_nodes_touched"],
               "budget_never_exceeded": not found["budget_exceedances"], "no_stuck_nodes": not states["stuck"],
               "no_action_without_cause": not found["actions_without_cause"],
               "stuck_reboot_held": run.final.get(stuck_node, ("", ""))[1].startswith("gpunode: hold"),
+              "no_doubled_requeues": not found["doubled_requeues"],
+              "no_forbidden_requeues": not found["forbidden_requeues"],
+              "no_chain_past_its_limit": not found["chains_past_limit"],
+              "no_run_on_an_excluded_node": not found["excluded_node_runs"],
+              "job_budget_never_exceeded": not found["job_budget_exceedances"],
               "every_fault_injected": all(faults.values()),
               "service_never_died_by_itself": not any(k == "service_died" for _, k, _ in run.faults)}
     episodes = [e for e in run.episodes if e.fired_at]
@@ -321,15 +688,28 @@ def summarize(run: Run) -> dict[str, Any]:
         "budget_exceedances": len(found["budget_exceedances"]),
         "actions_without_cause": len(found["actions_without_cause"]),
         "stuck_nodes": len(states["stuck"]),
+        "jobs": job_figures(story),
+        "job_notes": job_notes(story),
+        "doubled_requeues": len(found["doubled_requeues"]),
+        "forbidden_requeues": len(found["forbidden_requeues"]),
+        "chains_past_limit": len(found["chains_past_limit"]),
+        "excluded_node_runs": len(found["excluded_node_runs"]),
+        "job_budget_exceedances": len(found["job_budget_exceedances"]),
+        "chains_miscounted": len(found["chains_miscounted"]),
         "end_state": {k: len(v) for k, v in states.items()},
         "time_to_return_s": {"p50": round(percentile(back, 0.5), 1) if back else None,
                              "p90": round(percentile(back, 0.9), 1) if back else None, "returns": len(back)},
         "healthy_node_hours_taken": round(healthy / 3600, 4),
+        "lemon_node_hours": round(lemon_hours(story), 4),
         "scheduler_calls": len(every), "service_actions": dict(Counter(c.kind for c in story.calls if c.reached_slurm)),
         "gpu_resets": len(story.resets),
         "breaker_opened": [f"{at:.3f} {said.split(';')[0]}" for at, said in story.log
                            if said.startswith("circuit breaker opened")],
         "breaker_opened_after_controller_start": breaker_after_controller_start(story),
+        # A pass that read the breaker open, then (a call of it stalled) found it closed by a person's
+        # `breaker reset` meanwhile, and opened it again with no new cause.
+        "breaker_reopened_without_cause": [f"{at:.3f} {said.split(';')[0]}" for at, said in story.log
+                                           if said.startswith("circuit breaker opened: circuit breaker open;")],
         "alerts_taken_as_resolved_while_firing": stale_while_firing(story),
         "service_tracebacks": sum("Traceback" in line for line in
                                   run.service_log.read_text(errors="replace").splitlines()),

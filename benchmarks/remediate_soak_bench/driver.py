@@ -1,7 +1,9 @@
-"""The soak's run: alert episodes in the default rules' mix on a real Slurm cluster, the faults at
+"""The soak's run: alert episodes in the default rules' mix on a real Slurm cluster, a stream of batch
+jobs that fail on cue (jobs.py; some under an alert posted on their node while they run), the faults at
 seeded moments, the scripted parts (a reboot that never completes, an operator who resumes a node
-mid-reset, one who drains a node in the service's care), the people who close an open breaker and
-fix held nodes, and at the end every alert resolved and the cluster left to settle."""
+mid-reset, one who drains a node in the service's care), the people who close an open breaker, fix held
+nodes, cancel jobs and release held retry chains, and at the end every alert resolved, every job
+cancelled and the cluster left to settle."""
 
 from __future__ import annotations
 
@@ -15,18 +17,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from demo.slurm import SlurmCluster, _tool
-from remediate.scheduler.slurm import fields
+from demo.slurm import SlurmCluster, _tool, parse
+from remediate.scheduler.slurm import expand_hostlist, fields
 from remediate.state import State
-from remediate_soak_bench.episodes import Episode, draw, scripted
+from remediate_soak_bench.episodes import Episode, draw, job_fault, scripted
+from remediate_soak_bench.jobs import MIX as JOB_MIX
+from remediate_soak_bench.jobs import SELECT, SoakJob, draw_job, first_kinds
 from remediate_soak_bench.rig import (
     Alertmanager,
     DroppingProxy,
     PrometheusSender,
     Service,
+    SoakCluster,
     reset_command,
     snapshot_sources,
     write_scontrol_wrapper,
+    write_squeue_wrapper,
 )
 
 # The compressed clock: the policy's minutes and hours as seconds.
@@ -39,11 +45,26 @@ WINDOW = 40.0  # budget.window (24 h)
 RESEND = 2.0  # Prometheus' resend_delay (1 min): well inside stale_after, as 1 min is inside 10
 KEEP_RESOLVED = 15.0  # Prometheus goes on sending a resolved alert (15 min)
 SETTLE = QUIET + STALE + 2  # an episode's node rests this long after it resolved before its next
+APP_SETTLE = 2.0  # likewise after a job's application fault, which asks nothing of the node
 CREW_DELAY = 15.0  # a held node is fixed and resumed by a person this long after it was held
 BREAKER_DELAY = 8.0  # a person closes an open circuit breaker this long after it opened
 SETTLE_TIMEOUT = 90.0  # at the end, every node final by then, or stuck
 OPERATOR_PATIENCE = 45.0  # an operator's scripted part not begun by then is tried on another node
 IN_SERVICE = {"IDLE", "ALLOCATED", "MIXED", "COMPLETING"}
+# Job recovery on the compressed clock: jobs.culprit_wait (2 min), jobs.backoff (10, 20, 40 min),
+# jobs.lemon.window (7 d); jobs.window (24 h) outlasts the run.
+CULPRIT_WAIT = 2.0
+BACKOFF = (3.0, 6.0)
+MAX_ATTEMPTS = 4
+JOB_WINDOW = 3600.0
+LEMON_JOBS = 3
+LEMON_WINDOW = 180.0
+RELEASE_DELAY = 5.0  # a person releases a held chain (half of the hopeless ones) this long after seeing it held
+CANCEL_AFTER = (1.0, 3.0)  # a person cancels a job of kind `cancelled` this long after it started
+# jobs.budget: this many times the requeues the job mix asks for in a budget window, on average: a burst
+# of failing chains reaches it now and then (at 0.6 times, 6 a window, it opened the breaker 32 times in
+# 20 minutes, about every window).
+JOB_BUDGET_SHARE = 1.25
 
 
 @dataclass(frozen=True)
@@ -53,6 +74,7 @@ class Settings:
     minutes: float = 20.0
     seed: int = 1
     episodes_per_minute: float = 0.0  # 0: a fifth of the nodes a minute
+    jobs_per_minute: float = 0.0  # 0: the nodes / 2.5 a minute
 
     @property
     def seconds(self) -> float:
@@ -61,6 +83,16 @@ class Settings:
     @property
     def rate(self) -> float:
         return self.episodes_per_minute or self.nodes / 5
+
+    @property
+    def job_rate(self) -> float:
+        return self.jobs_per_minute or self.nodes / 2.5
+
+    @property
+    def job_budget(self) -> int:
+        """jobs.budget: reachable in a burst of failures, not hit by the mix's average."""
+        per_window = self.job_rate * WINDOW / 60 * expected_requeues()
+        return max(3, math.ceil(JOB_BUDGET_SHARE * per_window))
 
     @property
     def outage(self) -> float:
@@ -72,14 +104,26 @@ class Settings:
                 "controller_stop": math.ceil(self.minutes / 9)}
 
 
-def policy(base: Path, wrapper: Path, alertmanager: str) -> dict[str, Any]:
+def expected_requeues() -> float:
+    """Requeues a job of the mix asks for, on average (jobs.py's kinds): recovers 1-2 (4/3), hopeless 3 per
+    chain and half of them released for a second, app_fault and node_fault 1 (a fifth: 2)."""
+    each = {"recovers": 4 / 3, "hopeless": 3 * 1.5, "app_fault": 1.2, "node_fault": 1.2}
+    return sum(w * each.get(kind, 0.0) for w, kind in JOB_MIX) / sum(w for w, _ in JOB_MIX)
+
+
+def policy(base: Path, scontrol: Path, squeue: Path, alertmanager: str, job_budget: int) -> dict[str, Any]:
     return {"mode": "enforce", "state_path": str(base / "state.db"), "interval": "1s", "quiet_period": f"{QUIET:g}s",
-            "scheduler": {"kind": "slurm", "scontrol": str(wrapper), "timeout": f"{SCHEDULER_TIMEOUT:g}s"},
+            "scheduler": {"kind": "slurm", "scontrol": str(scontrol), "squeue": str(squeue),
+                          "timeout": f"{SCHEDULER_TIMEOUT:g}s"},
             "alertmanager": {"url": alertmanager, "interval": "1s", "stale_after": f"{STALE:g}s"},
             "idle_timeout": f"{IDLE_TIMEOUT:g}s", "reboot_timeout": f"{REBOOT_TIMEOUT:g}s",
             "health_check": {"enabled": False}, "reset_command": reset_command(base / "resets.log"),
             "budget": {"fraction": 0.25, "window": f"{WINDOW:g}s", "in_care": 0.5},
-            "repeat_offender": {"drains": 3, "window": "3m"}, "reboot_repeat_window": "3m"}
+            "repeat_offender": {"drains": 3, "window": "3m"}, "reboot_repeat_window": "3m",
+            "jobs": {"enabled": True, "select": {"name": SELECT}, "culprit_wait": f"{CULPRIT_WAIT:g}s",
+                     "backoff": [f"{b:g}s" for b in BACKOFF], "max_attempts": MAX_ATTEMPTS,
+                     "window": f"{JOB_WINDOW:g}s", "budget": job_budget,
+                     "lemon": {"jobs": LEMON_JOBS, "window": f"{LEMON_WINDOW:g}s"}}}
 
 
 @dataclass(order=True)
@@ -123,10 +167,23 @@ class Run:
     seen: dict[str, list[tuple[float, str, str]]] = field(default_factory=dict)  # node -> (time, State, Reason)
     final: dict[str, tuple[str, str]] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
+    jobs: list[SoakJob] = field(default_factory=list)
+    job_people: list[tuple[float, str, str]] = field(default_factory=list)  # (time, job id, cancel or release)
+    # job id -> (time, JobState, Reason, Restarts, NodeList, ExcNodeList, AdminComment) at each change
+    job_seen: dict[str, list[tuple[float, str, str, int, str, str, str]]] = field(default_factory=dict)
 
     @property
     def calls(self) -> Path:
         return self.base / "scontrol-calls.log"
+
+    @property
+    def squeue_calls(self) -> Path:
+        return self.base / "squeue-calls.log"
+
+    @property
+    def job_runs(self) -> Path:
+        """Every attempt's start and end, as the jobs' scripts write them (jobs.read_attempts)."""
+        return self.base / "job-runs.log"
 
     @property
     def resets(self) -> Path:
@@ -160,6 +217,17 @@ class Soak:
         self.next_episode = 0.0
         self.resolving: set[int] = set()  # scripted episodes whose resolution is on the timeline
         self.log = (run.base / "driver.log").open("a")
+        self.job_rng = random.Random(f"jobs-{seed}")
+        self.first_kinds = first_kinds(self.job_rng)
+        self.next_job = 0.0
+        self.by_id: dict[str, SoakJob] = {}
+        self.runs_read = 0  # bytes of the jobs' log taken
+        self.failed_attempts: dict[str, int] = {}  # job id -> its abnormal ends, from its log
+        self.release_seen: dict[str, float] = {}  # job id -> since when a person sees its chain held
+        self.released: set[str] = set()
+        self.service_log_read = 0
+        self.ending = False
+        self.job_states: dict[str, str] = {}  # job id -> its JobState at the last look
 
     # The timeline
 
@@ -182,6 +250,7 @@ class Soak:
         for share, role in ((0.25, "operator_resume"), (0.4, "operator_drain")):
             self.at(run.started + share * run.settings.seconds, role, lambda r=role: self._operator_part(r))
         self.next_episode = run.started + 5
+        self.next_job = run.started + 3
         while (now := time.time()) < end:
             self._tick(now)
             time.sleep(0.2)
@@ -195,11 +264,19 @@ class Soak:
             action()
         if now - self.looked_at >= 1:
             self._observe(now)
+            self._observe_jobs(now)
             self._scrape(now)
             self._revive(now)
+            self._crew(now)
         if now >= self.next_episode:
             self._new_episode()
             self.next_episode = now + self.rng.expovariate(self.run.settings.rate / 60)
+        if now >= self.next_job:
+            self._new_job()
+            # The first of each kind at twice the rate and evenly: in a short run too, all of them early.
+            rate = self.run.settings.job_rate / 60
+            self.next_job = now + (0.5 / rate if self.first_kinds else self.job_rng.expovariate(rate))
+        self._read_runs()
         for episode in list(self.active.values()):
             self._follow(episode, now)
         if self.breaker_reset_due is not None and now >= self.breaker_reset_due:
@@ -240,11 +317,28 @@ class Soak:
             self.breaker_reset_due = now + BREAKER_DELAY
 
     def _revive(self, now: float) -> None:
-        """The service gone without a kill of ours is a failure of its own: noted, and started again."""
+        """The service gone without a kill of ours is a failure of its own: noted, and started again. So is
+        its worker thread dead (a traceback in its log, "Exception in thread"): the process answers HTTP
+        and does nothing more; killed and started again."""
         if not self.service.up and self.service.start not in self.restarts:
             self.run.faults.append((now, "service_died", f"exit {self.service.proc.returncode}"))
             self.say(f"the service died by itself (exit {self.service.proc.returncode}): started again")
             self.service.start()
+        log = self.run.service_log
+        size = log.stat().st_size if log.exists() else 0
+        if size <= self.service_log_read:
+            return
+        with log.open("rb") as f:
+            f.seek(self.service_log_read)
+            text = f.read(size - self.service_log_read).decode(errors="replace")
+        self.service_log_read = size
+        if "Exception in thread" in text and self.service.up and self.service.start not in self.restarts:
+            last = [line for line in text.splitlines() if line.strip()][-1][:200]
+            self.run.faults.append((now, "service_died", f"worker thread: {last}"))
+            self.say(f"the service's worker thread died ({last}): killed and started again")
+            self.service.kill()
+            self.service.start()
+            self.service_log_read = log.stat().st_size
 
     def _close_breaker(self) -> None:
         """A person looks at why it opened and closes it (`breaker reset`): the budget's window starts again."""
@@ -284,6 +378,7 @@ class Soak:
                                          f"--partition={self.cluster.partition}", "--job-name=soak",
                                          "--output=/dev/null", f"--wrap=sleep {episode.job_seconds:.0f}", timeout=10)
             if submitted.returncode == 0:
+                episode.sleeper = submitted.stdout.strip().split(";")[0]
                 self.at(time.time() + 1.5, f"fire {episode.id}", lambda: self._fire(episode))
                 return
             episode.job_seconds = 0.0
@@ -315,10 +410,26 @@ class Soak:
                 self._person(episode.node, "resume", "fixed what held it")  # the crew
         else:
             self.held_since.pop(episode.node, None)
-        if episode.resolved_at and now >= episode.resolved_at + SETTLE and self.viewed_at >= \
-                episode.resolved_at + SETTLE and in_service(node):
+        # An application fault a job died under asks nothing of the node: the node takes another alert
+        # soon after (jobs land on the lowest-numbered nodes, and each failing attempt wants an alert).
+        settle = APP_SETTLE if episode.about_job and episode.action == "none" else SETTLE
+        if episode.resolved_at and now >= episode.resolved_at + settle and self.viewed_at >= \
+                episode.resolved_at + settle and in_service(node):
             episode.closed_at = now
             del self.active[episode.node]
+
+    def _crew(self, now: float) -> None:
+        """A node the service holds with no episode of its own (a lemon: blamed for failed attempts of
+        several jobs) is fixed and resumed by the crew CREW_DELAY after it was held."""
+        for node, view in self.view.items():
+            if node in self.active or node in self.run.roles:
+                continue
+            if view.get("Reason", "").startswith("gpunode: hold"):
+                self.held_since.setdefault(node, now)
+                if now - self.held_since[node] >= CREW_DELAY:
+                    self._person(node, "resume", "fixed what held it (no alert on it: a lemon)")
+            else:
+                self.held_since.pop(node, None)
 
     def _person(self, node: str, what: str, why: str) -> None:
         """A person's scontrol call, straight to Slurm: the node is theirs from now on."""
@@ -327,6 +438,118 @@ class Soak:
         done = self.cluster.scontrol("update", f"nodename={node}", *args, timeout=10)
         self.held_since.pop(node, None)
         self.say(f"a person: {what} {node} ({why}): exit {done.returncode} {done.stderr.strip()}")
+
+    # Jobs
+
+    def _new_job(self) -> None:
+        """A batch job of the mix (jobs.py), failing on cue; while slurmctld is stopped none is submitted."""
+        if self.controller_down or self.ending:
+            return
+        job = draw_job(self.job_rng, len(self.run.jobs) + 1, self.first_kinds[0] if self.first_kinds else "")
+        submitted = self.cluster.run(_tool("sbatch"), "--parsable", f"--nodes={job.nodes}", f"--job-name={job.name}",
+                                     f"--partition={self.cluster.partition}", "--output=/dev/null", *job.options,
+                                     f"--wrap={job.script(self.run.job_runs)}", timeout=10)
+        if submitted.returncode != 0:
+            self.say(f"sbatch of {job.name} failed: {submitted.stderr.strip()[:200]}")
+            return
+        job.id, job.submitted_at = submitted.stdout.strip().split(";")[0], time.time()
+        if self.first_kinds and job.kind == self.first_kinds[0]:
+            self.first_kinds.pop(0)
+        self.run.jobs.append(job)
+        self.by_id[job.id] = job
+        self.say(f"job {job.id} {job.name}: {job.kind}, {job.nodes} node(s), {job.seconds:.1f} s an attempt, "
+                 f"exit {job.code} for attempts below {job.fails}{', alerts ' + str(job.alerts) if job.alerts else ''}")
+
+    def _read_runs(self) -> None:
+        """The jobs' log since the last look: an attempt that fails under an alert gets it on one of its nodes;
+        a job of kind `cancelled` is cancelled by a person a moment after it starts."""
+        log = self.run.job_runs
+        size = log.stat().st_size if log.exists() else 0
+        if size <= self.runs_read:
+            return
+        with log.open("rb") as f:
+            f.seek(self.runs_read)
+            text = f.read(size - self.runs_read).decode(errors="replace")
+        text = text[:text.rfind("\n") + 1]  # whole lines only
+        self.runs_read += len(text.encode())
+        for line in text.splitlines():
+            words = line.split()
+            job = self.by_id.get(words[1]) if len(words) >= 5 else None
+            if job is None:
+                continue
+            attempt = int(words[2])
+            if words[0] == "end":
+                if len(words) > 5 and words[5] != "0":
+                    self.failed_attempts[job.id] = self.failed_attempts.get(job.id, 0) + 1
+                continue
+            if self.ending:
+                continue
+            if attempt < len(job.alerts):
+                self._job_alert(job, attempt, expand_hostlist(words[3]))
+            if job.kind == "cancelled" and attempt == 0:
+                self.at(time.time() + self.job_rng.uniform(*CANCEL_AFTER), f"cancel job {job.id}",
+                        lambda job=job: self._cancel(job, 1))
+
+    def _job_alert(self, job: SoakJob, attempt: int, nodes: list[str]) -> None:
+        free = [n for n in nodes if n not in self.active and n not in self.run.roles]
+        if not free:
+            job.notes.append(f"attempt {attempt}: no node of {','.join(nodes)} free of another episode: no alert")
+            return
+        episode = job_fault(self.job_rng, self._number(), self.job_rng.choice(free), job.alerts[attempt], job.id)
+        job.notes.append(f"attempt {attempt}: episode {episode.id}, {episode.alertname} on {episode.node}")
+        self._start(episode)
+
+    def _cancel(self, job: SoakJob, tries: int) -> None:
+        """A person's scancel, straight to Slurm; tried again while slurmctld does not answer."""
+        done = self.cluster.run(_tool("scancel"), job.id, timeout=10)
+        if done.returncode == 0:
+            self.run.job_people.append((time.time(), job.id, "cancel"))
+            self.say(f"a person: scancel {job.id}")
+        elif tries < 40 and not self.ending:
+            self.at(time.time() + 2, f"cancel job {job.id} again", lambda: self._cancel(job, tries + 1))
+
+    def _observe_jobs(self, now: float) -> None:
+        """Every soak job as `scontrol -o show job` shows it, each change kept (run.job_seen); a person releases
+        a hopeless job's chain RELEASE_DELAY after seeing it held by the service (once a job)."""
+        if self.controller_down:
+            return
+        out = self.cluster.scontrol("-o", "show", "job", timeout=5)
+        if out.returncode != 0:
+            return
+        seen_at = time.time()
+        for line in out.stdout.splitlines():
+            if not line.startswith("JobId="):
+                continue
+            info = parse(line)
+            job_id = info.get("JobId", "")
+            if job_id not in self.by_id:
+                continue
+            try:
+                restarts = int(info.get("Restarts", "0"))
+            except ValueError:
+                restarts = -1
+            row = (seen_at, info.get("JobState", ""), info.get("Reason", ""), restarts, info.get("NodeList", ""),
+                   info.get("ExcNodeList", ""), info.get("AdminComment", ""))
+            timeline = self.run.job_seen.setdefault(job_id, [])
+            if not timeline or timeline[-1][1:] != row[1:]:
+                timeline.append(row)
+            self.job_states[job_id] = row[1]
+            self._maybe_release(self.by_id[job_id], row, now)
+
+    def _maybe_release(self, job: SoakJob, row: tuple[float, str, str, int, str, str, str], now: float) -> None:
+        _, state, reason, _, _, _, comment = row
+        held = (state == "PENDING" and reason == "job_requeued_in_held_state" and comment.startswith("gpunode: held")
+                and self.failed_attempts.get(job.id, 0) >= MAX_ATTEMPTS)
+        if not (job.release and held and job.id not in self.released and not self.ending):
+            self.release_seen.pop(job.id, None)
+            return
+        if now - self.release_seen.setdefault(job.id, now) < RELEASE_DELAY:
+            return
+        done = self.cluster.scontrol("release", job.id, timeout=10)
+        self.say(f"a person: scontrol release {job.id} (its chain held: {comment[:80]}): exit {done.returncode}")
+        if done.returncode == 0:
+            self.released.add(job.id)
+            self.run.job_people.append((time.time(), job.id, "release"))
 
     # The scripted parts
 
@@ -408,7 +631,9 @@ class Soak:
 
     def _finish(self) -> None:
         """Everything started again, every alert resolved, every job ended; then the cluster settles until
-        every node is final (in service, held by the service, or an operator's) or SETTLE_TIMEOUT passes."""
+        every node is final (in service, held by the service, or an operator's) or SETTLE_TIMEOUT passes.
+        A job the service requeues meanwhile (it failed just before the scancel) is cancelled again."""
+        self.ending = True
         for start in list(self.restarts):
             self.restarts.remove(start)
             start()
@@ -422,6 +647,10 @@ class Soak:
         while time.time() < deadline:
             now = time.time()
             self._observe(now)
+            self._observe_jobs(now)
+            self._read_runs()
+            if any(state in ("PENDING", "RUNNING", "CONFIGURING", "REQUEUED") for state in self.job_states.values()):
+                self.cluster.run(_tool("scancel"), "--partition", self.cluster.partition, timeout=30)
             self._scrape(now)
             self._revive(now)
             final = all(self._final(n) for n in self.run.nodes)
@@ -449,12 +678,13 @@ def soak(settings: Settings) -> Run:
     base.mkdir(parents=True, exist_ok=True)
     nodes = [f"gpu{i:03d}" for i in range(1, settings.nodes + 1)]
     source = snapshot_sources(base / "source")
-    with SlurmCluster(base / "slurm", nodes, stuck_reboots=[nodes[-1]]) as cluster:
-        wrapper = base / "scontrol"
-        write_scontrol_wrapper(wrapper, cluster.scontrol_path, base / "scontrol-calls.log", settings.seed)
+    with SoakCluster(base / "slurm", nodes, stuck_reboots=[nodes[-1]]) as cluster:
+        scontrol, squeue = base / "scontrol", base / "squeue"
+        write_scontrol_wrapper(scontrol, cluster.scontrol_path, base / "scontrol-calls.log", settings.seed)
+        write_squeue_wrapper(squeue, _tool("squeue"), base / "squeue-calls.log", settings.seed)
         proxy = DroppingProxy(settings.seed)
         am = Alertmanager(base / "alertmanager", proxy.url)
-        rules = policy(base, wrapper, am.url)
+        rules = policy(base, scontrol, squeue, am.url, settings.job_budget)
         service = Service(base, source, cluster.env, rules)
         proxy.target = f"{service.url}/alerts"
         sender = PrometheusSender(am.url, RESEND, KEEP_RESOLVED)

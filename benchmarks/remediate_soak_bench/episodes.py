@@ -42,6 +42,8 @@ class Episode:
     fired_at: float = 0.0
     resolved_at: float | None = None
     closed_at: float | None = None  # the node was back in service, or taken by a person, and the driver moved on
+    sleeper: str = ""  # the Slurm id of the episode's own job (job_seconds)
+    about_job: str = ""  # a soak job (jobs.py) whose running attempt the alert hits: it fails under it
     notes: list[str] = field(default_factory=list)
 
     def alert(self, status: str = "firing") -> dict[str, Any]:
@@ -70,6 +72,24 @@ def draw(rng: random.Random, number: int, node: str, idle_timeout: float) -> Epi
     if action in ("reset", "reboot") and rng.random() < WITH_JOB:
         episode.job_seconds = idle_timeout + 15 if rng.random() < LONG_JOB else rng.uniform(5, 25)
     return episode
+
+
+def job_fault(rng: random.Random, number: int, node: str, fault: str, job: str) -> Episode:
+    """The alert a failing attempt of a soak job dies under, on one of its nodes: an application fault
+    (GpuXidApplicationFault, RESTART_APP: the node side does nothing) or a node fault of the mix (a drain,
+    reset, reboot or hold once the job is off the node). Firing past the attempt's end and the service's
+    culprit_wait."""
+    if fault == "app":
+        alertname, labels = "GpuXidApplicationFault", {"xid": rng.choice(("13", "31", "43")), "action": "RESTART_APP"}
+        firing = rng.uniform(7, 10)
+    else:
+        faults = [m for m in MIX if action_of(m[1], m[2]) != "none"]
+        _, alertname, labels = rng.choices(faults, weights=[m[0] for m in faults])[0]
+        labels = dict(labels)
+        firing = rng.uniform(8, 15)
+    if alertname in PER_GPU:
+        labels["gpu"] = str(rng.randrange(8))
+    return Episode(number, node, alertname, labels, action_of(alertname, labels), firing, about_job=job)
 
 
 def scripted(number: int, node: str, role: str, firing_for: float) -> Episode:

@@ -24,7 +24,7 @@ from typing import Any
 import requests
 import yaml
 
-from demo.slurm import _tool
+from demo.slurm import SlurmCluster, _tool
 from exporter.http import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +32,23 @@ ROOT = Path(__file__).resolve().parents[2]
 # Slurm, answered by Slurm and then stalled (it took effect; the caller sees a timeout). 5 % in all.
 FAIL, HANG, LATE = 25, 38, 50
 DROP = 50  # of every 1000 webhook POSTs, answered 200 and never forwarded
+
+
+BF_INTERVAL = 2  # Slurm's backfill pass (bf_interval, 30 s): a requeue's future StartTime starts at the next one
+
+
+class SoakCluster(SlurmCluster):
+    """demo/slurm.py's cluster, its backfill pass every BF_INTERVAL s rather than every 30 s: the compressed
+    clock's backoff of 3-6 s would otherwise wait for the next pass (docs/remediation.md, "How a requeue
+    is made")."""
+
+    def _slurm_conf(self) -> str:
+        conf = super()._slurm_conf()
+        plain = "SchedulerParameters=batch_sched_delay=0"
+        if plain not in conf:
+            raise RuntimeError("demo/slurm.py's slurm.conf changed: the soak adds bf_interval to its "
+                               "SchedulerParameters")
+        return conf.replace(plain, f"{plain},bf_interval={BF_INTERVAL}")
 
 
 def per_mille(salt: str, n: int) -> int:
@@ -56,36 +73,57 @@ def source_digest(tree: Path) -> str:
 
 def write_scontrol_wrapper(path: Path, real: str, calls: Path, seed: int) -> None:
     """The policy's scheduler.scontrol. Each call gets a number and a line in `calls` (time, number, fate,
-    argv joined by \\x1f) before anything else; for an update or reboot of a node, a `before` line with the
-    node as Slurm showed it just before; for a call that reached Slurm, an `end` line with its exit code.
+    argv joined by \\x1f) before anything else; for an update (nodename=) or reboot of a node, a `before`
+    line with the node as Slurm showed it just before; for a call that reached Slurm, an `end` line with its
+    exit code. Job calls (requeuehold, update jobid=, release) get their fates as any other.
     setpriv --pdeathsig: the real scontrol dies with the wrapper, as it would die with the service."""
+    _write_wrapper(path, real, calls, f"scontrol-{seed}", lookups="", node_before=True)
+
+
+def write_squeue_wrapper(path: Path, real: str, calls: Path, seed: int) -> None:
+    """The policy's scheduler.squeue, logged as the scontrol wrapper logs (its own numbers and `calls`).
+    The job listing (`--states=all --Format=...`, each pass) and the one-job lookups (`--jobs=ID`: a
+    job's name for jobs.select, its exclusions before a requeue) fail and stall as scontrol calls do
+    (drawn by call number)."""
+    _write_wrapper(path, real, calls, f"squeue-{seed}", lookups="", node_before=False)
+
+
+
+
+def _write_wrapper(path: Path, real: str, calls: Path, salt: str, lookups: str, node_before: bool) -> None:
     q = shlex.quote
-    path.write_text(f"""#!/bin/sh
-calls={q(str(calls))}; real={q(real)}
-count='n=$(( $(cat "$1" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$1"; echo "$n"'
-n=$(flock "$calls.lock" sh -c "$count" sh "$calls.n")
-r=$(( 0x$(printf '%s:%s' scontrol-{seed} "$n" | md5sum | cut -c1-7) % 1000 ))
-fate=call
-if [ "$r" -lt {FAIL} ]; then fate=fail
-elif [ "$r" -lt {HANG} ]; then fate=hang
-elif [ "$r" -lt {LATE} ]; then fate=late
-fi
-IFS=$(printf '\\037')
-printf '%s\\t%s\\t%s\\t%s\\n' "$(date +%s.%N)" "$n" "$fate" "$*" >> "$calls"
-case "$fate" in
-  fail) echo "scontrol: error: failure injected by the soak" >&2; exit 1;;
-  hang) exec sleep 3600;;
-esac
-case "$1" in
-  update) node=${{2#nodename=}};;
-  reboot) eval "node=\\${{$#}}";;
+    spare = (f'case " $* " in *" {lookups}"*) spare=1;; *) spare=;; esac\n' if lookups else "spare=\n")
+    draw = 'k=$(flock "$calls.lock" sh -c "$count" sh "$calls.k")' if lookups else "k=$n"
+    before = """case "$1" in
+  update) case "$2" in nodename=*) node=${2#nodename=};; *) node=;; esac;;
+  reboot) eval "node=\\${$#}";;
   *) node=;;
 esac
 if [ -n "$node" ]; then
   seen=$(setpriv --pdeathsig KILL "$real" -o show node "$node" 2>&1 | head -n 1)
   printf '%s\\t%s\\tbefore\\t%s\\n' "$(date +%s.%N)" "$n" "$seen" >> "$calls"
 fi
-setpriv --pdeathsig KILL "$real" "$@"
+""" if node_before else ""
+    path.write_text(f"""#!/bin/sh
+calls={q(str(calls))}; real={q(real)}
+count='n=$(( $(cat "$1" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$1"; echo "$n"'
+n=$(flock "$calls.lock" sh -c "$count" sh "$calls.n")
+{spare}fate=call
+if [ -z "$spare" ]; then
+  {draw}
+  r=$(( 0x$(printf '%s:%s' {q(salt)} "$k" | md5sum | cut -c1-7) % 1000 ))
+  if [ "$r" -lt {FAIL} ]; then fate=fail
+  elif [ "$r" -lt {HANG} ]; then fate=hang
+  elif [ "$r" -lt {LATE} ]; then fate=late
+  fi
+fi
+IFS=$(printf '\\037')
+printf '%s\\t%s\\t%s\\t%s\\n' "$(date +%s.%N)" "$n" "$fate" "$*" >> "$calls"
+case "$fate" in
+  fail) echo "$(basename "$real"): error: failure injected by the soak" >&2; exit 1;;
+  hang) exec sleep 3600;;
+esac
+{before}setpriv --pdeathsig KILL "$real" "$@"
 rc=$?
 printf '%s\\t%s\\tend\\t%s\\n' "$(date +%s.%N)" "$n" "$rc" >> "$calls"
 [ "$fate" = late ] && exec sleep 3600
