@@ -189,7 +189,7 @@ def status_text(policy: policies.Policy, state: State, now: float) -> str:
         if node not in records:
             lines.append(f"{node}  left alone since {_when(at)}: {note}")
     if policy.jobs.enabled:
-        statuses = ("done",) if policy.enforce else ("done", "dry_run")
+        statuses = policy.done
         chains = state.held_chains(statuses)
         used = state.requeues_since(max(now - policy.budget.window, breaker.budget_from), statuses)
         lines.append(f"jobs requeued in the last {policy.budget.window / 3600:g}h{dry}: {used} of "

@@ -207,6 +207,16 @@ class Policy:
     def enforce(self) -> bool:
         return self.mode == "enforce"
 
+    @property
+    def done(self) -> tuple[str, ...]:
+        """Action statuses that count as done: a dry run's decisions count in its own mode."""
+        return ("done",) if self.enforce else ("done", "dry_run")
+
+    @property
+    def tried(self) -> tuple[str, ...]:
+        """Statuses a budget counts: a call that failed or was cut short may have taken effect."""
+        return self.done + (("failed", "interrupted", "pending") if self.enforce else ())
+
     def action(self, labels: dict[str, str]) -> Rule | None:
         return next((rule for rule in self.rules if rule.matches(labels)), None)
 

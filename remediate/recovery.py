@@ -32,7 +32,7 @@ class Recovery:
         self._told: set[tuple[str, int]] = set()  # ends whose wait was logged once
         self._names: dict[str, str | None] = {}
         self._failed: dict[tuple[str, int], tuple[int, float]] = {}  # end -> failed tries, when the last failed
-        self.statuses = ("done",) if policy.enforce else ("done", "dry_run")
+        self.statuses = policy.done
         if (cut := state.interrupt_job_ends()) > 0:
             self.log.warning("%d job requeue(s) were cut short by a restart: the jobs are read again before "
                              "anything else", cut)
@@ -43,8 +43,7 @@ class Recovery:
     def find_lemons(self, now: float) -> dict[str, str]:
         """Nodes to drain as lemons, for the node plan; kept for every requeue's exclusions."""
         ends = self.state.job_ends(now - self.policy.jobs.lemon.window, self.statuses)
-        tried = self.statuses + (("failed", "interrupted", "pending") if self.policy.enforce else ())
-        self.lemons = lemons(self.policy, ends, now, self.state.lemon_taken(tried))
+        self.lemons = lemons(self.policy, ends, now, self.state.lemon_taken(self.policy.tried))
         return self.lemons
 
     def run(self, now: float, jobs: Mapping[str, JobView], views: Mapping[str, NodeView], paused: str) -> None:
@@ -109,8 +108,7 @@ class Recovery:
         if not opening:
             return ""
         window = self.policy.budget.window
-        tried = self.statuses + (("failed", "interrupted", "pending") if self.policy.enforce else ())
-        used = self.state.requeues_since(max(now - window, breaker.budget_from), tried)
+        used = self.state.requeues_since(max(now - window, breaker.budget_from), self.policy.tried)
         if used < self.policy.jobs.budget:
             return ""
         why = f"circuit breaker open: {used} of {self.policy.jobs.budget} job requeues in {window / 3600:g}h"

@@ -245,7 +245,7 @@ class State:
             since)]
 
     def history(self, policy: Policy, now: float) -> History:
-        done = ("done",) if policy.enforce else ("done", "dry_run")
+        done = policy.done
         marks = ",".join("?" * len(done))
         drains = dict(self._rows(f"SELECT node, COUNT(*) FROM actions WHERE new_drain = 1 AND status IN ({marks}) "
                                  "AND started_at >= ? GROUP BY node", *done, now - policy.repeat_offender.window))
@@ -253,9 +253,7 @@ class State:
                                   f"({marks}) AND started_at >= ? GROUP BY node", *done,
                                   now - policy.reboot_repeat_window))
         breaker = self.breaker(policy.mode)
-        # The budget counts every drain tried: one that timed out, or was cut short by a restart, may
-        # have taken effect all the same.
-        tried = (*done, "failed", "interrupted", "pending") if policy.enforce else done
+        tried = policy.tried  # a drain that timed out or was cut short may have taken effect all the same
         used = self._rows(f"SELECT COUNT(DISTINCT node) FROM actions WHERE new_drain = 1 AND status IN "
                           f"({','.join('?' * len(tried))}) AND started_at >= ?", *tried,
                           max(now - policy.budget.window, breaker.budget_from))[0][0]
