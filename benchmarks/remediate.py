@@ -68,15 +68,23 @@ def start_service(base: Path, cluster: SlurmCluster, wrapper: Path, **policy: ob
     raise RuntimeError("the service did not start")
 
 
+def logging_scontrol(path: Path, cluster: SlurmCluster, log: Path, when: str = "start") -> Path:
+    """scontrol behind a wrapper that notes each call in `log` with the time it starts (or returns)."""
+    note = f'echo "$(date +%s.%N) $*" >> {log}'
+    real = cluster.scontrol_path
+    body = f'{note}\nexec {real} "$@"' if when == "start" else f'{real} "$@"; rc=$?\n{note}\nexit $rc'
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
 def calls_started(log: Path, verb: str) -> list[float]:
     return [float(line.split()[0]) for line in log.read_text().splitlines() if verb in line] if log.exists() else []
 
 
 def decision_time(base: Path, cluster: SlurmCluster, rounds: int) -> dict[str, object]:
     log = base / "calls.log"
-    wrapper = base / "scontrol"
-    wrapper.write_text(f'#!/bin/sh\necho "$(date +%s.%N) $*" >> {log}\nexec {cluster.scontrol_path} "$@"\n')
-    wrapper.chmod(0o755)
+    wrapper = logging_scontrol(base / "scontrol", cluster, log)
     proc, url = start_service(base, cluster, wrapper, budget={"fraction": 1.0, "in_care": 1.0})
     ours, direct, listing = [], [], []
     try:
@@ -106,9 +114,7 @@ def decision_time(base: Path, cluster: SlurmCluster, rounds: int) -> dict[str, o
 
 def job_decision_time(base: Path, cluster: SlurmCluster, rounds: int) -> dict[str, object]:
     log = base / "job-calls.log"
-    wrapper = base / "scontrol-jobs"
-    wrapper.write_text(f'#!/bin/sh\n{cluster.scontrol_path} "$@"; rc=$?\necho "$(date +%s.%N) $*" >> {log}\nexit $rc\n')
-    wrapper.chmod(0o755)
+    wrapper = logging_scontrol(base / "scontrol-jobs", cluster, log, when="return")
     (base / "jobs").mkdir()
     proc, url = start_service(base / "jobs", cluster, wrapper, interval="1s", budget={"fraction": 1.0},
                               jobs={"enabled": True, "budget": 1000})
@@ -152,9 +158,7 @@ def job_decision_time(base: Path, cluster: SlurmCluster, rounds: int) -> dict[st
 
 def burst(base: Path, cluster: SlurmCluster, size: int) -> dict[str, object]:
     log = base / "burst-calls.log"
-    wrapper = base / "scontrol-burst"
-    wrapper.write_text(f'#!/bin/sh\necho "$(date +%s.%N) $*" >> {log}\nexec {cluster.scontrol_path} "$@"\n')
-    wrapper.chmod(0o755)
+    wrapper = logging_scontrol(base / "scontrol-burst", cluster, log)
     (base / "burst").mkdir()
     proc, url = start_service(base / "burst", cluster, wrapper)
     try:
