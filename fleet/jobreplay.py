@@ -174,7 +174,8 @@ class Replay:
         with _quiet():
             if self.policy == "ours":
                 self.engine = SimEngine(POLICY, _State(), _Protocol(self.slurm),  # type: ignore[arg-type]
-                                      clock=lambda: self.clock[0], healthy=lambda node, policy: None)
+                                      clock=lambda: self.clock[0], healthy=lambda node, policy: None,
+                                      sleep=lambda _seconds: None)  # the simulated Slurm launches at once
             self._loop()
             branches = self._branches()
             breaker = None

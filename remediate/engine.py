@@ -34,7 +34,8 @@ _FORGET_AFTER = 35 * 86400.0  # resolved alerts kept this long (longer than any 
 class Engine:
     def __init__(self, policy: Policy, state: State, scheduler: Scheduler,
                  clock: Callable[[], float] = time.time,
-                 healthy: Callable[[str, Policy], str | None] = health.check) -> None:
+                 healthy: Callable[[str, Policy], str | None] = health.check,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.policy = policy
         self.state = state
         self.scheduler = scheduler
@@ -69,7 +70,7 @@ class Engine:
                         "budget and breaker start clean", dropped)
         for action in state.interrupted(clock()):
             self._interrupted(action.node, action.kind)
-        self.recovery = Recovery(policy, state, scheduler, self.log, clock) if policy.jobs.enabled else None
+        self.recovery = Recovery(policy, state, scheduler, self.log, clock, sleep) if policy.jobs.enabled else None
 
     def _interrupted(self, node: str, kind: str) -> None:
         """A call cut short by a restart. The scheduler shows whether a drain, reboot or resume took

@@ -172,7 +172,8 @@ def shared_nodes(ends: Iterable[End]) -> tuple[str, ...]:
 def blames(ends: Iterable[End]) -> dict[str, set[str]]:
     """node -> the jobs whose failed attempts blame it: as their culprit, or as the only node that
     the culprit-less failed attempts on it shared (one job's, or several jobs': a bad node that
-    kills without an alert shows as the one node common to the attempts it broke)."""
+    kills without an alert shows as the one node common to the attempts it broke), counting only
+    jobs whose every culprit-less failure was on it."""
     out: dict[str, set[str]] = {}
     unexplained: list[End] = []
     for end in ends:
@@ -185,6 +186,9 @@ def blames(ends: Iterable[End]) -> dict[str, set[str]]:
         for node in end.nodes:
             on.setdefault(node, []).append(end)
     for node, chain in on.items():
+        # A job that also failed with no culprit away from this node fails wherever it runs (its own
+        # bug, or bad luck): its ends there say nothing of the node.
+        chain = [e for e in chain if all(node in other.nodes for other in unexplained if other.job == e.job)]
         if len(chain) >= 2 and shared_nodes(chain) == (node,):
             out.setdefault(node, set()).update(e.job for e in chain)
     return out

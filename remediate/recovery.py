@@ -18,15 +18,18 @@ from remediate.plan import NodeView, span
 from remediate.policy import Policy
 from remediate.state import Breaker, State
 
+RELAUNCH_AFTER = 2.0  # seconds after an end (Slurm's EndTime, whole seconds) before its job is released
+
 
 class Recovery:
     def __init__(self, policy: Policy, state: State, scheduler: object, log: logging.Logger | logging.LoggerAdapter,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], sleep: Callable[[float], None] = time.sleep) -> None:
         self.policy = policy
         self.state = state
         self.scheduler = scheduler
         self.log = log
         self.clock = clock
+        self.sleep = sleep
         self.requeues: Counter[str] = Counter()  # by branch, since start (dry run's decisions included)
         self.lemons: dict[str, str] = {}
         self._told: set[tuple[str, int]] = set()  # ends whose wait was logged once
@@ -141,6 +144,10 @@ class Recovery:
             self.scheduler.update_job(d.job, d.comment, () if held else excluded,  # type: ignore[attr-defined]
                                       d.start_at)
             if not held:
+                # slurmd refuses to launch a job whose credential is from the second its last attempt was
+                # killed in ("Job N already killed, do not launch batch job"): released that soon, the
+                # next attempt would fail at once, an abnormal end of its own.
+                self.sleep(max(0.0, min(RELAUNCH_AFTER, d.ended_at + RELAUNCH_AFTER - self.clock())))
                 self.scheduler.release(d.job)  # type: ignore[attr-defined]
         except CommandError as err:
             self.state.finish_job_end(d.job, d.restarts, "failed", self.clock(), str(err))

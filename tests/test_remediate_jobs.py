@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,7 +12,9 @@ from hypothesis import strategies as st
 from remediate.jobs import End, JobView, abnormal, blames, decide, lemons, selected
 from remediate.plan import NodeView
 from remediate.policy import build
+from remediate.recovery import Recovery
 from remediate.scheduler.slurm import JOB_FIELDS, job_view
+from remediate.state import State
 from tests.remediation import alert
 
 POLICY = build({"jobs": {"enabled": True, "culprit_wait": "60s"}})
@@ -109,6 +114,19 @@ def test_a_node_blamed_by_three_jobs_is_a_lemon_and_its_blames_are_spent_once_ta
     assert lemons(POLICY, ends, 100 + 7 * 86400 + 1, {}) == {}  # job 1's blame left the window
 
 
+def test_a_job_that_fails_everywhere_blames_no_node() -> None:
+    # Three jobs each failed on gpu003 with no culprit; jobs 2 and 3 failed on other nodes too.
+    ends = [End("1", 0, 100, ("gpu003",), "backoff"), End("2", 0, 200, ("gpu003",), "backoff"),
+            End("2", 1, 300, ("gpu009",), "backoff"), End("3", 0, 400, ("gpu003",), "backoff"),
+            End("3", 1, 500, ("gpu010",), "backoff")]
+    assert blames(ends) == {}
+    assert blames(ends[:2]) == {"gpu003": {"1", "2"}}  # before job 2 failed elsewhere
+    # A lemon under a big job: every one of its failures was on gpu003, and two small jobs' only one.
+    big = [End("9", n, 100.0 * n, ("gpu003", f"gpu1{n}", "gpu020"), "backoff") for n in range(2)]
+    small = [End("5", 0, 50, ("gpu003",), "backoff"), End("6", 0, 60, ("gpu003", "gpu021"), "backoff")]
+    assert blames(big + small) == {"gpu003": {"5", "6", "9"}}
+
+
 def test_an_application_fault_blames_no_node_and_spent_blames_stay_spent() -> None:
     app = "GpuXidApplicationFault xid=13 action=RESTART_APP on gpu003"
     ends = [End(str(n), 0, 100.0 * n, ("gpu003",), "app_fault", (), app) for n in range(1, 4)]
@@ -117,3 +135,38 @@ def test_an_application_fault_blames_no_node_and_spent_blames_stay_spent() -> No
     ends = [End(str(n), 0, 100.0 * n, ("gpu003",), "node_fault", ("gpu003",)) for n in range(1, 4)]
     ends += [End(str(n), 1, 400.0 + n, (f"gpu01{n}",), "backoff") for n in range(1, 4)]
     assert lemons(POLICY, ends, 1000, {"gpu003": 350}) == {}
+
+
+def test_a_requeued_job_is_released_no_sooner_than_two_seconds_after_its_end(tmp_path: Path) -> None:
+    # slurmd refuses a launch whose credential is from the second the last attempt was killed in.
+    now, calls = [END + 0.4], []
+
+    class Slurm:
+        def requeuehold(self, job_id: str) -> None:
+            calls.append(("requeuehold", now[0]))
+
+        def job_detail(self, job_id: str) -> None:
+            return None
+
+        def update_job(self, job_id: str, comment: str, exclude: tuple[str, ...], start_at: float) -> None:
+            calls.append(("update", now[0]))
+
+        def release(self, job_id: str) -> None:
+            calls.append(("release", now[0]))
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    policy = build({"mode": "enforce", "jobs": {"enabled": True}})
+    recovery = Recovery(policy, State(tmp_path / "state.db"), Slurm(), logging.getLogger("test"), lambda: now[0], sleep)
+    ended = job()
+    decision = decide(now[0], policy, ended, {"gpu001": [alert("GpuXidApplicationFault", "gpu001", xid="13",
+                                                              action="RESTART_APP")]}, VIEWS, [], ())
+    assert decision is not None and decision.branch == "app_fault"
+    recovery._carry_out(decision, ended)
+    assert [c for c, _ in calls] == ["requeuehold", "update", "release"]
+    assert calls[2][1] == pytest.approx(END + 2) and calls[0][1] == pytest.approx(END + 0.4)
+    calls.clear()
+    now[0] = END + 30  # decided later: no wait
+    recovery._carry_out(decision, job(restarts=0))
+    assert calls[-1] == ("release", END + 30)

@@ -268,7 +268,9 @@ def test_a_node_blamed_by_two_jobs_is_taken_out_as_a_lemon(
         assert job.running() == [lemon]
         throttled = alert_json("GpuNodeClockThrottled", lemon, cause="clock_power_brake", starts=time.time())
         am.post(throttled)
-        info = job.wait("requeued without the lemon", lambda j: j["Restarts"] == "1" and j["JobState"] == "PENDING")
+        # Held between requeuehold and the update: wait for the update (its AdminComment), then look.
+        info = job.wait("requeued without the lemon", lambda j: j["Restarts"] == "1" and j["JobState"] == "PENDING"
+                        and j.get("AdminComment", "").startswith("gpunode: node_fault"))
         assert info["ExcNodeList"] == lemon
         am.post({**throttled, "status": "resolved", "endsAt": rfc3339(time.time())})
         if name == "a":  # drained for its alert, back after the quiet period: one job is no lemon yet

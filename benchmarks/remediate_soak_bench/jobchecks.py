@@ -47,7 +47,9 @@ def doubled_requeues(story: Story) -> list[str]:
                              f"{latest[1]}'s end at {latest[0]:.3f}, which the requeuehold at "
                              f"{answered[latest[1]]:.3f} answered")
             answered[latest[1]] = call.at
-        numbers = [a.attempt for a in attempts]
+        # Slurm's records count too: an attempt that failed before its script's first line logged nothing.
+        seen = story.run.job_seen.get(job.id, [])
+        numbers = sorted({a.attempt for a in attempts} | {restarts for _, _, _, restarts, *_ in seen})
         if numbers != list(range(len(numbers))):
             found.append(f"job {job.id} ({job.kind}): attempts {numbers}: RestartCnt skipped a number")
         for a in attempts[1:]:
@@ -56,7 +58,7 @@ def doubled_requeues(story: Story) -> list[str]:
                 found.append(f"job {job.id} ({job.kind}): attempt {a.attempt} began at {a.started:.3f} after "
                              f"{before} abnormal ends")
         shown = 0
-        for at, state, _, restarts, *_ in story.run.job_seen.get(job.id, []):
+        for at, state, _, restarts, *_ in seen:
             before = sum(1 for end, _, _ in ends if end < at)
             if restarts > before and restarts > shown:
                 shown = restarts
