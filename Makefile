@@ -13,14 +13,18 @@ run:
 	scripts/install-deps.sh
 	.venv/bin/gpunode-exporter $(ARGS)
 
+# The tests side by side (pytest-xdist: most of the slow ones wait on servers and installs), those
+# that share a resource in one group each (--dist loadgroup), then the ones marked `alone`.
+TEST_WORKERS ?= 4
 test:
 	scripts/install-deps.sh --test
-	.venv/bin/ruff check exporter remediate tests benchmarks scripts demo fleet
-	$(PY) -m pytest
+	.venv/bin/ruff check common exporter rulepack report remediate tests benchmarks scripts demo fleet
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not alone"
+	$(PY) -m pytest -m alone
 
 lint:
 	scripts/install-deps.sh --test
-	.venv/bin/ruff check exporter remediate tests benchmarks scripts demo fleet
+	.venv/bin/ruff check common exporter rulepack report remediate tests benchmarks scripts demo fleet
 
 bench:  # GPU collector vs naive pynvml (~40 s), NFS vs node_exporter, GPU processes vs process-exporter, bursts of scrapes vs node_exporter (root, ~3.5 min), the reference node: series and a full scrape (~1 min), its checkpoint clock against none (~3 min), the remediation service on a real slurmctld (root, ~5 s)
 	scripts/install-deps.sh --test
@@ -33,7 +37,7 @@ bench:  # GPU collector vs naive pynvml (~40 s), NFS vs node_exporter, GPU proce
 	$(PY) benchmarks/series_budget.py --out benchmarks/results/series_budget.json
 	$(PY) benchmarks/reference_scrape.py
 	$(PY) benchmarks/checkpoint_clock.py
-	$(PY) benchmarks/remediate.py
+	$(PY) benchmarks/remediate_latency.py
 
 bench-rules:  # rule evaluation at 1,000 nodes (the single-server pack), then the fleet tier on 10,000 nodes' recordings, on Prometheus and VictoriaMetrics + vmalert (~60 min)
 	scripts/install-deps.sh --test
@@ -42,7 +46,7 @@ bench-rules:  # rule evaluation at 1,000 nodes (the single-server pack), then th
 
 bench-report:  # `gpunode-exporter report` over 63 nodes x 14 days on VictoriaMetrics and Prometheus: load, report time, memory, where the time goes (~16 min on 2 CPUs)
 	scripts/install-deps.sh --test
-	$(PY) benchmarks/report.py
+	$(PY) benchmarks/weekly_report.py
 
 golden:  # regenerate tests/golden/ after an intended change; review the diff
 	scripts/install-deps.sh --test
@@ -57,10 +61,10 @@ rules:  # regenerate rules/prometheus and rules/vmalert from the spec and templa
 	.venv/bin/gpunode-exporter rules render --target prometheus --out rules/prometheus
 	.venv/bin/gpunode-exporter rules render --target vmalert --out rules/vmalert
 
-dashboards:  # regenerate dashboards/ from the code in exporter/dashboards and the rule pack's spec (Grafana's SDK: the [test] install has it)
+dashboards:  # regenerate dashboards/ from the code in rulepack/dashboards and the rule pack's spec (Grafana's SDK: the [test] install has it)
 	scripts/install-deps.sh --test
 	.venv/bin/gpunode-exporter dashboards render --out dashboards
-	$(PY) -m exporter.dashboards.doc docs/dashboards.md
+	$(PY) -m rulepack.dashboards.doc docs/dashboards.md
 
 fleet:  # detection quality: simulate the standard, Lablup-shaped and mixed fleets, the stragglers and the distractors, replay the rule pack on Prometheus and VictoriaMetrics, write docs/fleet-results.md (~70 min on 2 CPUs)
 	scripts/install-deps.sh --test

@@ -48,7 +48,7 @@ from typing import Any
 
 import pynvml
 import yaml
-from common import (  # benchmarks/ is on sys.path when run as a script
+from benchlib import (  # benchmarks/ is on sys.path when run as a script
     BenchError,
     cpu_model,
     cpu_times,
@@ -64,13 +64,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from common.exposition import Renderer
 from exporter import nvmlsim
 from exporter.collector import gpu as ours_gpu
 from exporter.collector import gpu_straggler
 from exporter.collector.base import Context
 from exporter.collector.gpu import GPUCollector
 from exporter.config import Config
-from exporter.exposition import Renderer
 from exporter.nvmlsim.library import FUNCTIONS, SimulatedNVML
 from exporter.nvmlsim.scenario import Scenario, build
 from exporter.scrape import Scraper

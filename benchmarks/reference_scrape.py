@@ -36,7 +36,7 @@ import bcrypt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import ServerProcess, free_port, git_commit, percentile
+from benchlib import ServerProcess, free_port, git_commit, percentile
 from reference_node import hold_kmsg_open, write_reference_node
 
 from tests import tlscerts

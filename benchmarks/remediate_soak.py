@@ -58,10 +58,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from common import cpu_times, end_of_run, finish, git_commit, machine_info, source_fingerprint
-from remediate_soak_bench.checks import summarize
+from benchlib import cpu_times, end_of_run, finish, git_commit, machine_info, source_fingerprint
 from remediate_soak_bench.driver import Run, Settings, soak
 from remediate_soak_bench.rig import source_digest
+from remediate_soak_bench.summary import summarize
 
 from demo.slurm import slurm_unavailable
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Rendering a scrape: our renderer (exporter/exposition.py) against prometheus_client's generate_latest.
+"""Rendering a scrape: our renderer (common/exposition.py) against prometheus_client's generate_latest.
 
     .venv/bin/python benchmarks/render.py [--rounds 300]
 
@@ -25,11 +25,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import git_commit, percentile
+from benchlib import git_commit, percentile
 from reference_node import write_reference_node
 
+from common.exposition import Renderer
 from exporter.collector.base import Family, MetricSpec
-from exporter.exposition import Renderer
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "render.json"

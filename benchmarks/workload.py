@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import common  # noqa: E402
+from benchmarks import benchlib  # noqa: E402
 from exporter.collector.base import Context  # noqa: E402
 from exporter.collector.gpu_processes import GPUProcessesCollector  # noqa: E402
 from exporter.config import Config, WorkloadConfig  # noqa: E402
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scrapes", type=int, default=300)
     p.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "workload.json")
     args = p.parse_args(argv)
-    fingerprint, began, cpu = common.source_fingerprint(), time.monotonic(), common.cpu_times()
+    fingerprint, began, cpu = benchlib.source_fingerprint(), time.monotonic(), benchlib.cpu_times()
     with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp, simulated_nvml(SCENARIO):
         root = Path(tmp)
         build(root, args.processes, args.gpu)
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                 start = time.perf_counter()
                 render(c.collect())
                 times[key].append(time.perf_counter() - start)
-    summary = {k: common.summarize(v) for k, v in times.items()}
+    summary = {k: benchlib.summarize(v) for k, v in times.items()}
     added = summary["with_workload"]["p50_ms"] - summary["without"]["p50_ms"]
     print(f"{args.processes} processes, {args.gpu} on GPUs, {args.scrapes} scrapes each, alternating")
     for key, s in summary.items():
@@ -82,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  added p50: {added:+.3f} ms (target <= 1 ms): {'met' if added <= 1 else 'MISSED'}")
     results = {"args": vars(args) | {"output": str(args.output)}, "scrapes": summary, "added_p50_ms": added,
                "target_met": added <= 1.0, "wall_seconds": round(time.monotonic() - began, 1),
-               "exporter_source_changed_during_run": common.source_fingerprint() != fingerprint,
-               "machine": {"cpu": common.cpu_model(), "during_run": common.machine_load(cpu, common.cpu_times())}}
-    return common.finish(results, args.output, common.cpu_model())
+               "exporter_source_changed_during_run": benchlib.source_fingerprint() != fingerprint,
+               "machine": {"cpu": benchlib.cpu_model(), "during_run": benchlib.machine_load(cpu, benchlib.cpu_times())}}
+    return benchlib.finish(results, args.output, benchlib.cpu_model())
 
 
 if __name__ == "__main__":

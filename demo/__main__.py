@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from common.config import ConfigError
 from demo import scenario as scenarios
 from demo.stack import Ports, Stack
 from demo.webhook import Received
-from exporter.config import ConfigError
 from remediate.policy import build as remediate_policy
 
 POLL_SECONDS = 0.5

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from exporter.http import free_port
+from common.http import free_port
 from remediate.scheduler.slurm import fields  # the service's own parser: Reason= last, its stamp dropped
 
 DEFAULT_NODES = tuple(f"gpu{i:03d}" for i in range(1, 9))

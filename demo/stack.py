@@ -20,13 +20,13 @@ from typing import IO, Any
 import requests
 import yaml
 
+from common.http import free_port
 from demo.netns import Forwarder, Namespace, node_namespace
 from demo.node import SimulatedNode
 from demo.scenario import Scenario
 from demo.slurm import SlurmCluster
 from demo.webhook import Received, Receiver
-from exporter.http import free_port
-from exporter.rulepack import load_spec, render
+from rulepack import load_spec, render
 
 REPO = Path(__file__).parent.parent
 DEMO_SPEC = Path(__file__).parent / "spec.yaml"

@@ -1,3 +1,1 @@
-"""gpunode-exporter: GPU training-node health metrics for Prometheus."""
-
-__version__ = "0.1.0"
+"""gpunode-exporter's node agent: GPU training-node health metrics for Prometheus."""

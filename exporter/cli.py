@@ -10,19 +10,20 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
-from exporter import __version__, config, logs, process, webconfig
-from exporter.collector import COLLECTORS, Collector, Context
-from exporter.exposition import Renderer
-from exporter.flags import Parser, listen_address
-from exporter.http import ThreadingHTTPServer, make_handler, make_server
-from exporter.netroute import CachedLookup, route_device
-from exporter.rulepack import TARGETS, TIERS
+from common import __version__, logs, webconfig
+from common.exposition import Renderer
+from common.flags import Parser, listen_address
+from common.http import ThreadingHTTPServer, make_handler, make_server
+from exporter import collectors, config, process
+from exporter.collector import COLLECTORS
 from exporter.scrape import Scraper
 
 PROG = "gpunode-exporter"
 DEFAULT_LISTEN = ":19835"
 COMMANDS = ("serve", "dump", "doctor", "rules", "dashboards", "report")
+DISPATCHED = ("rules", "dashboards", "report")  # other programs' commands: dispatched, not parsed here
 
 
 def _common_flags(p: argparse.ArgumentParser) -> None:
@@ -85,70 +86,29 @@ def build_parser() -> argparse.ArgumentParser:
     _common_flags(doctor)
     doctor.add_argument("--web.config.file", dest="web_config", type=Path, metavar="FILE",
                         help="exporter-toolkit web config to check")
-    rules = sub.add_parser("rules", help="the Prometheus/vmalert rule pack",
-                           description="The Prometheus/vmalert rule pack (docs/rules.md).")
-    rules_sub = rules.add_subparsers(dest="rules_command", metavar="COMMAND", required=True)
-    render = rules_sub.add_parser("render", help="write the rule files from the spec",
-                                  description="Write the rule files, rendered from the shipped spec "
-                                  "with your overrides merged over it.")
-    render.add_argument("--spec", type=Path, metavar="FILE",
-                        help="YAML overriding keys of the shipped spec (see rules/spec.yaml)")
-    render.add_argument("--target", choices=TARGETS, default="prometheus",
-                        help="prometheus, or vmalert (leaves out what vmalert 1.79 rejects) (default: prometheus)")
-    render.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
-                        help="directory to write the rule files to (default: .)")
-    render.add_argument("--tier", choices=TIERS, default="all",
-                        help="all: one server's pack; local: the rules of one node's series, for each "
-                             "server scraping a shard; fleet: the rules that compare nodes, on the server "
-                             "that receives the local tiers' recordings (docs/scaling.md) (default: all)")
-    boards = sub.add_parser("dashboards", help="the Grafana dashboards",
-                            description="The Grafana dashboards (docs/dashboards.md).")
-    boards_sub = boards.add_subparsers(dest="dashboards_command", metavar="COMMAND", required=True)
-    render = boards_sub.add_parser("render", help="write the dashboards' JSON from the spec",
-                                   description="Write the Grafana dashboards, with the selectors, labels and "
-                                   "windows of the rule pack's spec (your overrides merged over it).")
-    render.add_argument("--spec", type=Path, metavar="FILE",
-                        help="YAML overriding keys of the shipped spec (see rules/spec.yaml)")
-    render.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
-                        help="directory to write the dashboards to (default: .)")
-    report = sub.add_parser("report", help="the fleet's operational report over a range, from its Prometheus",
-                            description="Where the GPU-hours went (goodput per job and each loss named), failures "
-                            "and the measured MTBF, checkpoint cost against the Young/Daly optimum, storage during "
-                            "saves and loads, stragglers: read from any Prometheus-compatible query API, written as "
-                            "DIR/report.md with its figures (PNG) and DIR/report.json (docs/report.md).")
-    report.add_argument("--prometheus.url", dest="prometheus_url", required=True, metavar="URL",
-                        help="the query API's base URL (Prometheus, VictoriaMetrics, Thanos, Mimir), "
-                             "e.g. http://prometheus:9090")
-    report.add_argument("--from", dest="since", default="-7d", metavar="TIME",
-                        help="start: RFC 3339 (2026-11-21T00:00:00Z), now, or relative (-7d, -36h) (default: -7d)")
-    report.add_argument("--to", dest="until", default="now", metavar="TIME", help="end, as --from (default: now)")
-    report.add_argument("--output", type=Path, required=True, metavar="DIR", help="directory to write the report to")
-    report.add_argument("--spec", type=Path, metavar="FILE",
-                        help="the rule pack's spec overrides, for your selectors, labels and thresholds")
+    # Each of these is another program's: its flags and its code are in its own package.
+    sub.add_parser("rules", help="the Prometheus/vmalert rule pack (rulepack/)", add_help=False)
+    sub.add_parser("dashboards", help="the Grafana dashboards (rulepack/dashboards/)", add_help=False)
+    sub.add_parser("report", help="the fleet's operational report over a range, from its Prometheus (report/)",
+                   add_help=False)
     return parser
 
 
-def enabled_collectors(args: argparse.Namespace) -> list[str]:
-    """The names of the collectors the flags enable."""
-    def wanted(name: str, cls: type[Collector]) -> bool:
-        chosen = getattr(args, f"collector_{name}")
-        return chosen if chosen is not None else cls.default_enabled and not args.disable_defaults
-    return [name for name, cls in sorted(COLLECTORS.items()) if wanted(name, cls)]
-
-
-def _enabled(args: argparse.Namespace, ctx: Context) -> list[Collector]:
-    return [COLLECTORS[name](ctx) for name in enabled_collectors(args)]
-
-
-def context(args: argparse.Namespace, cfg: config.Config) -> Context:
-    lookup = (CachedLookup(route_device, cfg.nfs.route_cache_seconds)
-              if cfg.nfs.resolve_devices else (lambda _address: None))
-    return Context(procfs=args.procfs, sysfs=args.sysfs, config=cfg, route_lookup=lookup, kmsg=args.kmsg,
-                   state_dir=args.state_dir, persist_state=args.command == "serve")
+def other_program(command: str) -> ModuleType:
+    """The command line of the program that runs a dispatched command, imported only for it: a node
+    that serves metrics never loads the rule pack, the dashboards or the report."""
+    if command == "report":
+        from report import cli
+    else:
+        from rulepack import cli
+    return cli
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     """The command line as main() reads it: without a command, `serve`."""
+    if argv and argv[0] in DISPATCHED:
+        parser = other_program(argv[0]).build_parser(argv[0])
+        return parser, parser.parse_args(argv[1:])
     if not argv or (argv[0] not in COMMANDS and argv[0] != "--version"):
         argv = ["serve", *argv]
     parser = build_parser()
@@ -156,23 +116,19 @@ def parse_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Names
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser, args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.command in ("rules", "dashboards"):
-        return _render(args, parser)
-    if args.command == "report":
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DISPATCHED:
         try:
-            from exporter import report  # numpy and matplotlib: only here
-        except ImportError:
-            sys.stderr.write(f"{PROG} report: error: the report needs numpy and matplotlib: "
-                             "pip install 'gpunode-exporter[report]'\n")
+            program = other_program(argv[0])
+        except ModuleNotFoundError as err:
+            if err.name not in ("rulepack", "report"):
+                raise
+            # The image holds the node agent alone.
+            sys.stderr.write(f"{PROG} {argv[0]}: error: this installation has the node agent only; "
+                             "install the gpunode-exporter package where you run this command\n")
             return 2
-        try:
-            for path in report.run(args.prometheus_url, args.since, args.until, args.output, args.spec):
-                print(path)
-        except report.ReportError as err:
-            sys.stderr.write(f"{PROG} report: error: {err}\n")
-            return 2
-        return 0
+        return program.main(argv)
+    parser, args = parse_args(argv)
     # A mount point that is not there is a typo in the unit or the pod spec, not a node without
     # those files: refused like a broken --config.file, not served (or checked) as a node without
     # GPUs or mounts.
@@ -200,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     renderer = Renderer()
 
     def make_scraper() -> Scraper:
-        return Scraper(_enabled(args, context(args, cfg)), cfg.collector_timeout_seconds,
+        return Scraper(collectors.enabled(args, collectors.context(args, cfg)), cfg.collector_timeout_seconds,
                        simulated=scenario is not None)
 
     if args.command == "dump":
@@ -231,38 +187,6 @@ def main(argv: list[str] | None = None) -> int:
         _serve(server)
     finally:
         scraper.close()  # stops the Xid reader and saves its state
-    return 0
-
-
-def _render(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """`rules render` and `dashboards render`: files from the spec, written to --out."""
-    # Here, not at the top: `serve` needs neither jinja2 nor Grafana's SDK (memory, start time).
-    from exporter import dashboards, rulepack
-    from exporter.rulepack import check
-    try:
-        spec = rulepack.load_spec(args.spec)
-        check.check_spec(spec)
-        if args.command == "rules":
-            from exporter.rulepack import tiers
-
-            rendered = rulepack.render(spec, args.target)
-            check.check_rules(spec, rendered)
-            files = tiers.split(rendered, args.tier, spec["labels"]["node"])
-        else:
-            files = check.checked(spec, lambda: dashboards.files(spec))
-    except config.ConfigError as err:
-        parser.error(str(err))
-    try:
-        rulepack.write(files, args.out)
-    except OSError as err:
-        sys.stderr.write(f"{PROG}: error: cannot write {args.out}: {err.strerror}\n")
-        return 1
-    # One write: a reader that stops early (`| head`) has the whole list in the pipe, not a broken one.
-    sys.stdout.write("".join(f"{args.out / name}\n" for name in files))
-    if args.command == "rules" and spec["runbook_base_url"] != rulepack.shipped_spec()["runbook_base_url"]:
-        sys.stderr.write(f"{PROG}: warning: alerts link to {spec['runbook_base_url']}/AREA.md#alertname: keep a "
-                         "copy of docs/runbooks/ there, its file names and headings as they are, or the links "
-                         "are dead (docs/rules.md)\n")
     return 0
 
 

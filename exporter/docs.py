@@ -6,16 +6,13 @@ python -m exporter.docs README.md   rewrites the generated blocks in place.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
+from common.docs import fill
 from exporter.cli import build_parser
 from exporter.collector import COLLECTORS
 from exporter.scrape import EXPORTER_METRICS
-
-_BLOCK = re.compile(r"(<!-- BEGIN GENERATED: (\w+) -->\n).*?(<!-- END GENERATED: \2 -->)", re.S)
 
 
 def metrics_table() -> str:
@@ -55,12 +52,6 @@ def _shared(sub: argparse._SubParsersAction) -> set[str]:
 
 
 GENERATORS = {"metrics": metrics_table, "flags": flags_table}
-
-
-def fill(text: str, generators: dict[str, Callable[[], str]]) -> str:
-    """text with each <!-- BEGIN GENERATED: name --> ... <!-- END GENERATED: name --> block's
-    body replaced by generators[name]() (README.md here, docs/dashboards.md in dashboards.doc)."""
-    return _BLOCK.sub(lambda m: m.group(1) + generators[m.group(2)]() + m.group(3), text)
 
 
 def render(text: str) -> str:

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter import config, webconfig
+from common import webconfig
+from exporter import collectors, config
 from exporter.collector import Context
 from exporter.collector.checkpoint import written_bytes
 from exporter.collector.nfs import read_mount_files, read_own_or_init
@@ -213,8 +214,6 @@ def _staging(ctx: Context) -> Iterator[Finding]:
 
 
 def findings(args: argparse.Namespace) -> Iterator[Finding]:
-    from exporter import cli  # cli imports this module lazily; the other way round is fine
-
     try:
         cfg = config.load(args.config_file)
     except config.ConfigError as err:
@@ -236,8 +235,8 @@ def findings(args: argparse.Namespace) -> Iterator[Finding]:
             yield Finding("nvml", FAIL, str(err), "fix the scenario file")
             return
         yield Finding("nvml", WARN, f"SIMULATED from {args.nvml_simulate}", "drop --nvml.simulate on a real node")
-    ctx = cli.context(args, cfg)
-    enabled = set(cli.enabled_collectors(args))
+    ctx = collectors.context(args, cfg)
+    enabled = set(collectors.enabled_collectors(args))
     checks: dict[str, Callable[[], Iterator[Finding]]] = {
         "gpu": lambda: _nvml(ctx),
         "xid": lambda: (*_kmsg(ctx, _nvml_works(ctx)), *_state(ctx)),

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from exporter import __version__
+from common import __version__
 from exporter.collector.base import Collector, Family, MetricSpec
 from exporter.problems import Problems
 

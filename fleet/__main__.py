@@ -11,9 +11,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from exporter.report.source import rfc3339
 from fleet import harness, remediation, report_score, scenario, score
 from fleet.simulate import Fleet, Truth, node_name
+from report.source import rfc3339
 
 
 def _cell(value: float, unit: str = "") -> str:
@@ -62,10 +62,10 @@ def _dump(path: Path, run: harness.Run, s: score.Score) -> None:
 
 def score_report(fleet: Fleet, url: str, out: Path, spec: Path | None, results: list[report_score.Result]) -> None:
     """The report of the fleet's whole range from the backend at url, written to out, scored into results."""
-    from exporter import report
+    from report.cli import run
 
     began = time.monotonic()
-    report.run(url, rfc3339(fleet.timestamps[0]), rfc3339(fleet.timestamps[-1] + fleet.s.step), out, spec)
+    run(url, rfc3339(fleet.timestamps[0]), rfc3339(fleet.timestamps[-1] + fleet.s.step), out, spec)
     result = report_score.score(fleet, json.loads((out / "report.json").read_text()))
     (out / "score.txt").write_text("\n".join(result.lines) + "\n")
     print(f"report written to {out} in {time.monotonic() - began:.0f} s", flush=True)

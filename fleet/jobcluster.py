@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from exporter.config import ConfigError, load_yaml, seconds
+from common.config import ConfigError, load_yaml, seconds
 from remediate.jobs import JobView
 from remediate.plan import NodeView
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporter.config import ConfigError
+from common.config import ConfigError
 from exporter.xid import catalog
 from fleet.jobcluster import MIN_JOB_AGE, NODE_FAULTS, T0, Attempt, Fault, Scenario, SimJob, SimSlurm, load
 from fleet.remediation import SIMULATED_RESET, SimEngine, fingerprint

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exporter.config import ConfigError
+from common.config import ConfigError
 from exporter.nvmlsim.scenario import seconds
 
 KINDS = ("training", "single", "inference", "burnin")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporter.config import ConfigError, load_yaml
+from common.config import ConfigError, load_yaml
 from exporter.nvmlsim.scenario import seconds
 from fleet.jobs import Job, parse_job, parse_nodes, sessions_as_jobs
 

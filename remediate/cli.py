@@ -11,10 +11,10 @@ import threading
 import time
 from pathlib import Path
 
-from exporter import __version__, logs, webconfig
-from exporter.config import ConfigError
-from exporter.flags import Parser, listen_address
-from exporter.http import make_server
+from common import __version__, logs, webconfig
+from common.config import ConfigError
+from common.flags import Parser, listen_address
+from common.http import make_server
 from remediate import policy as policies
 from remediate.state import Breaker, State
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from exporter import __version__
-from exporter.family import Family, MetricSpec
+from common import __version__
+from common.family import Family, MetricSpec
 from remediate.engine import Engine
 from remediate.jobs import BRANCHES
 from remediate.plan import PHASES

@@ -8,9 +8,9 @@ import logging
 import time
 from http.server import BaseHTTPRequestHandler
 
-from exporter.exposition import Renderer
-from exporter.http import CONTENT_TYPE, basic_authorized
-from exporter.webconfig import WebConfig
+from common.exposition import Renderer
+from common.http import CONTENT_TYPE, basic_authorized
+from common.webconfig import WebConfig
 from remediate import alerts, metrics
 from remediate.engine import Engine
 

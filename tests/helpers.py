@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from common.exposition import Renderer
+from common.http import free_port  # noqa: F401  (tests take it from here; one copy of it)
 from exporter import nvmlsim
 from exporter.collector.base import Collector, Context, Family
 from exporter.config import Config, NFSConfig
-from exporter.exposition import Renderer
-from exporter.http import free_port  # noqa: F401  (tests take it from here; one copy of it)
 from exporter.nvmlsim.library import FUNCTIONS, SimulatedNVML
 from exporter.nvmlsim.scenario import build
 
@@ -57,6 +57,18 @@ def copy_tracked_files(dest: Path) -> Path:
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, dest / name, follow_symlinks=False)
     return dest
+
+
+def build_wheel(scratch: Path, wheels: Path, with_dependencies: bool = False) -> Path:
+    """The project's wheel (with its dependencies' wheels, if asked) in `wheels`, built from a copy of
+    the checkout in `scratch`: setuptools builds in the source tree's build/, which two builds at once
+    (tests side by side) would share."""
+    source = copy_tracked_files(scratch)
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", *([] if with_dependencies else ["--no-deps"]),
+                           "-w", str(wheels), str(source)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (wheel,) = wheels.glob("gpunode_exporter-*.whl")
+    return wheel
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ PID 1) for as long as a block runs. Root only (mmdebstrap's root mode, nspawn);
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -44,13 +45,16 @@ def build(include: list[str], variant: str = "minbase") -> Path:
 
 
 def _mmdebstrap(tarball: Path, include: list[str], variant: str, options: tuple[str, ...] = ()) -> Path:
-    if not tarball.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        partial = tarball.with_suffix(".partial.tar")
-        subprocess.run(["mmdebstrap", "--quiet", f"--variant={variant}", f"--include={','.join(include)}",
-                        *options, "--mode=root", "--format=tar", SUITE, str(partial), MIRROR],
-                       check=True, capture_output=True, timeout=600)
-        partial.rename(tarball)  # whole or not at all: an interrupted build is not a cache entry
+    CACHE.mkdir(parents=True, exist_ok=True)
+    # One build of a tarball at a time, across test processes: a second waits and finds it made.
+    with (CACHE / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not tarball.exists():
+            partial = tarball.with_suffix(".partial.tar")
+            subprocess.run(["mmdebstrap", "--quiet", f"--variant={variant}", f"--include={','.join(include)}",
+                            *options, "--mode=root", "--format=tar", SUITE, str(partial), MIRROR],
+                           check=True, capture_output=True, timeout=600)
+            partial.rename(tarball)  # whole or not at all: an interrupted build is not a cache entry
     return tarball
 
 

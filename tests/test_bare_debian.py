@@ -16,6 +16,9 @@ import pytest
 from tests import rootfs
 from tests.helpers import MINIMAL_DEBIAN, copy_tracked_files, install_deps_tools
 
+# Debian rootfs under systemd-nspawn: one at a time (the rootfs cache, nspawn's runtime directory).
+pytestmark = pytest.mark.xdist_group("nspawn")
+
 CHECKOUT = "/src/gpunode-exporter"  # inside
 DEMO_TOOLS = {"ip", "prometheus", "prometheus-node-exporter", "prometheus-alertmanager", "curl"}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter import __version__
+from common import __version__
 from exporter.cli import COMMANDS
 
 ROOT = Path(__file__).parent.parent
@@ -46,7 +46,7 @@ def test_serve_loads_no_template_dashboard_yaml_bcrypt_or_client_library_code() 
 
 def test_the_server_leaves_the_standard_library_whole() -> None:
     # A library added later (an HTTPS client, prometheus_client) must import as it would anywhere.
-    code = "import exporter.http, urllib.request, prometheus_client; print(urllib.request.HTTPSHandler.__name__)"
+    code = "import common.http, urllib.request, prometheus_client; print(urllib.request.HTTPSHandler.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert out.returncode == 0 and out.stdout.strip() == "HTTPSHandler", out.stderr
 

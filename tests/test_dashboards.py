@@ -19,14 +19,15 @@ import yaml
 promql_parser = pytest.importorskip("promql_parser")
 pytest.importorskip("grafana_foundation_sdk")
 
-from exporter import dashboards, rulepack  # noqa: E402
+import rulepack  # noqa: E402
+from common.family import MetricSpec  # noqa: E402
 from exporter.collector import COLLECTORS  # noqa: E402
-from exporter.dashboards import doc  # noqa: E402
-from exporter.dashboards.board import ALERT_NAMES  # noqa: E402
-from exporter.dashboards.promql import Lineage  # noqa: E402
-from exporter.family import MetricSpec  # noqa: E402
 from exporter.scrape import EXPORTER_METRICS  # noqa: E402
 from remediate import metrics as remediate_metrics  # noqa: E402
+from rulepack import dashboards  # noqa: E402
+from rulepack.dashboards import doc  # noqa: E402
+from rulepack.dashboards.board import ALERT_NAMES  # noqa: E402
+from rulepack.dashboards.promql import Lineage  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs" / "dashboards.md"
@@ -298,7 +299,7 @@ def test_expand_substitutes_as_grafana_does() -> None:
 
 def test_docs_list_the_panels_and_their_exporters() -> None:
     text = DOCS.read_text()
-    assert doc.update(text, SHIPPED) == text, "docs/dashboards.md is stale: python -m exporter.dashboards.doc"
+    assert doc.update(text, SHIPPED) == text, "docs/dashboards.md is stale: python -m rulepack.dashboards.doc"
     needs, reads = set(), set()
     for uid, board in BOARDS.items():
         for q in dashboards.panel_queries(board):

@@ -24,11 +24,13 @@ import pytest
 from demo import scenario as scenarios
 from demo.__main__ import POLL_SECONDS, Ending, bound, main, matches, watch
 from demo.stack import DEMO_SPEC, Stack, missing_tools
-from exporter import dashboards
-from exporter.dashboards.board import DCGM, JOB_PAST, JOB_RECOVERY, MEASURED_MTBF, NFS_MOUNT, PFC, RESTARTS, expand
-from exporter.rulepack import load_spec
+from rulepack import dashboards, load_spec
+from rulepack.dashboards.board import DCGM, JOB_PAST, JOB_RECOVERY, MEASURED_MTBF, NFS_MOUNT, PFC, RESTARTS, expand
 from tests.helpers import Install, outside_any_venv
 from tests.netns import netns_unavailable
+
+# The fresh installs (conftest.py) are made once per test process: the tests that use them share one.
+pytestmark = pytest.mark.xdist_group("fresh_install")
 
 # The faulty scenario's faults begin by 100 s; its alerts need their `for` and
 # Alertmanager's group_wait (30 s) on top.

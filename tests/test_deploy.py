@@ -19,7 +19,8 @@ import requests
 import yaml
 from cloudcoil.models.prometheus_operator import v1 as monitoring
 
-from exporter import __version__, cli
+from common import __version__
+from exporter import cli
 from exporter.collector import COLLECTORS
 from tests.helpers import free_port, parse_exposition, wait_for_port
 

@@ -36,10 +36,11 @@ import pytest
 import yaml
 from markdown_it import MarkdownIt
 
-from exporter import cli, config, webconfig
-from exporter.rulepack import load_spec, render
+from common import webconfig
+from exporter import cli, config
 from remediate import cli as remediate_cli
 from remediate import policy as policies
+from rulepack import load_spec, render
 from tests import tlscerts
 from tests.helpers import MINIMAL_DEBIAN, copy_tracked_files, free_port, install_deps_tools
 

@@ -17,6 +17,9 @@ from fleet.harness import Firing
 from fleet.simulate import Fleet, Truth, node_name, workload_label
 from tests.helpers import free_port, wait_for_port
 
+# A rule replay runs one vmalert per CPU (fleet/harness.py): one replay at a time.
+pytestmark = pytest.mark.xdist_group("replay")
+
 SELFTEST = scenario.load("selftest")
 HEALTHY = {node_name(n) for n in (0, 1, 3, 5)}
 
@@ -141,6 +144,9 @@ def test_replays_run_side_by_side_but_never_before_what_they_read() -> None:
     assert sorted(i for kind, i in events if kind == "end") == list(range(5))
 
 
+# Two replays at once, each one vmalert per CPU: with other tests beside them, one wrote alert
+# states in chunks Prometheus refused as duplicates.
+@pytest.mark.alone
 @pytest.mark.parametrize("backend", harness.BACKENDS)
 def test_runs_side_by_side_score_as_one_alone(backend: str, tmp_path: Path) -> None:
     """Each run starts its own server on a free port and checks that the server answering is its

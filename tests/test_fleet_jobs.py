@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from exporter.config import ConfigError
+from common.config import ConfigError
 from fleet import jobs, scenario
 from fleet.scenario import _build
 from fleet.simulate import Fleet, node_name

@@ -21,6 +21,9 @@ from fleet.replay_check import Gap, ReplayLostError, Written, ensure, evaluation
 from fleet.simulate import Fleet
 from tests.helpers import free_port
 
+# A rule replay runs one vmalert per CPU (fleet/harness.py): one replay at a time.
+pytestmark = pytest.mark.xdist_group("replay")
+
 STEP = 30.0
 START = 1_700_000_400.0  # a multiple of 30 s, as the harness's ranges start
 END = START + 4 * 86400  # the `mixed` scenario's four days; the range includes its end

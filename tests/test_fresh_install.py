@@ -16,12 +16,15 @@ import pytest
 
 from tests.helpers import ROOT, Install
 
+# The fresh installs (conftest.py) are made once per test process: the tests that use them share one.
+pytestmark = pytest.mark.xdist_group("fresh_install")
+
 # Packages the [test] extra brings and no make target but `make test` installs: neither the run nor the
 # demo install may have them, or this module proves nothing.
 TEST_ONLY = ("numpy", "pytest", "prometheus_client", "hypothesis", "pyroute2", "grafana_foundation_sdk", "matplotlib")
 # Modules of the package that need an optional extra ([dashboards]: Grafana's SDK; [report]: numpy and
 # matplotlib); their command says so.
-OPTIONAL = {"exporter.dashboards": "grafana_foundation_sdk", "exporter.report": "numpy"}
+OPTIONAL = {"rulepack.dashboards": "grafana_foundation_sdk", "report": "numpy"}
 
 IMPORT_EACH = """
 import importlib, sys, traceback
@@ -58,11 +61,12 @@ def test_the_install_holds_no_test_only_package(target: str, request: pytest.Fix
 
 def test_every_module_of_the_installed_commands_imports_with_make_runs_install(run_install: Install) -> None:
     """Lazy imports included (the doctor, `rules render`, the remediation service's engine and server)."""
-    failed = failed_imports(run_install, modules("exporter") + modules("remediate"))
+    failed = failed_imports(run_install, [m for p in ("common", "exporter", "rulepack", "report", "remediate")
+                                          for m in modules(p)])
     unexpected = {name: error for name, (missing, error) in failed.items()
                   if not any(name.startswith(prefix) and missing == extra for prefix, extra in OPTIONAL.items())}
     assert unexpected == {}
-    assert {"exporter.dashboards.board", "exporter.report.build"} <= set(failed)  # the extras really are missing
+    assert {"rulepack.dashboards.board", "report.build"} <= set(failed)  # the extras really are missing
 
 
 @pytest.mark.parametrize("command", ["gpunode-exporter", "gpunode-remediate"])

@@ -249,6 +249,7 @@ def test_driver_gone_then_back_reinitialises() -> None:
     assert value(s, "gpunode_gpus_visible", source="nvml") == 2
 
 
+@pytest.mark.alone  # times a scrape
 def test_hanging_call_is_bounded_by_the_budget() -> None:
     errors = [{"function": "nvmlDeviceGetRemappedRows", "hang_seconds": 1.0}]
     with simulated_nvml(node(errors=errors), SimClock()):

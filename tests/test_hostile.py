@@ -23,12 +23,12 @@ import bcrypt
 import pytest
 import requests
 
+from common.exposition import Renderer
+from common.http import accepts_gzip, make_handler, make_server
+from common.webconfig import WebConfig, _dummy_hash
 from exporter.collector.base import MetricSpec
-from exporter.exposition import Renderer
 from exporter.gpu_processes import ProcessTracker
-from exporter.http import accepts_gzip, make_handler, make_server
 from exporter.nvml import Session
-from exporter.webconfig import WebConfig, _dummy_hash
 from exporter.xid import state as statefile
 from exporter.xid import tracker as trackermod
 from exporter.xid.gpus import GpuDirectory

@@ -16,8 +16,8 @@ import bcrypt
 import pytest
 import requests
 
-from exporter.http import make_handler, make_server
-from exporter.webconfig import WebConfig
+from common.http import make_handler, make_server
+from common.webconfig import WebConfig
 from tests import tlscerts
 from tests.helpers import free_port, wait_for_port
 

@@ -28,9 +28,12 @@ import pytest
 import requests
 import yaml
 
-from exporter import cli
+from exporter import cli, collectors
 from tests import rootfs
 from tests.helpers import free_port, parse_exposition, wait_for_port
+
+# Debian rootfs under systemd-nspawn: one at a time (the rootfs cache, nspawn's runtime directory).
+pytestmark = pytest.mark.xdist_group("nspawn")
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTAINERFILE = ROOT / "deploy" / "Containerfile"
@@ -339,8 +342,8 @@ def test_the_image_runs_as_the_daemonset_runs_it(podman: Podman, running: tuple[
     # No GPU and no NVIDIA driver here: the gpu collector says so (README.md, "How failures show")
     # and the PCI count is still served; every other collector works.
     success = {dict(k)["collector"]: v for k, v in series["gpunode_scrape_collector_success"].items()}
-    collectors = cli.enabled_collectors(cli.parse_args(run.args)[1])
-    assert success == {c: 0.0 if c == "gpu" else 1.0 for c in collectors}, logs()
+    enabled = collectors.enabled_collectors(cli.parse_args(run.args)[1])
+    assert success == {c: 0.0 if c == "gpu" else 1.0 for c in enabled}, logs()
     assert (("source", "pci"),) in series["gpunode_gpus_visible"]
     assert (("source", "nvml"),) not in series["gpunode_gpus_visible"]
     config = yaml.safe_load((tmp_path / "configmap" / "config" / "config.yml").read_text())

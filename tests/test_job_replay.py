@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import ConfigError
+from common.config import ConfigError
 from fleet import jobreplay
 from fleet.jobcluster import build
 from fleet.jobreplay import Result, gaps, healthy_excluded, lemon_attempts, replay, table

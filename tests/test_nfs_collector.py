@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from common.config import ConfigError
 from exporter import config
 from exporter.collector.nfs import NFSCollector, transport_series_name
-from exporter.config import NFS_TRANSPORT_SERIES_ALL, ConfigError, NFSConfig
+from exporter.config import NFS_TRANSPORT_SERIES_ALL, NFSConfig
 from tests.helpers import collect_samples, nfs_context
 
 FIXTURES = Path(__file__).parent / "fixtures" / "procfs"
@@ -247,9 +248,9 @@ def test_all_may_be_written_without_brackets(tmp_path: Path) -> None:
 
 
 def test_the_rule_pack_and_dashboards_read_only_served_operations() -> None:
-    from exporter.rulepack import shipped_spec
+    from rulepack import shipped_spec
 
     wanted = re.fullmatch(r'op=~"(.*)"', shipped_spec()["nfs"]["ops"]).group(1).split("|")
     assert set(wanted) <= set(NFSConfig().operations)
-    for path in (Path(__file__).parent.parent / "exporter" / "dashboards").glob("*.py"):
+    for path in (Path(__file__).parent.parent / "rulepack" / "dashboards").glob("*.py"):
         assert set(re.findall(r'op=\\?"(\w+)\\?"', path.read_text())) <= set(NFSConfig().operations), path

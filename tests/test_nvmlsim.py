@@ -11,8 +11,8 @@ import pynvml
 import pytest
 import yaml
 
+from common.config import ConfigError
 from exporter import nvmlsim
-from exporter.config import ConfigError
 from exporter.nvmlsim import library
 from exporter.nvmlsim.library import FUNCTIONS
 from exporter.nvmlsim.scenario import build

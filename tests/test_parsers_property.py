@@ -21,9 +21,11 @@ import pynvml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter import numbers, rulepack, webconfig
+import rulepack
+from common import webconfig
+from common.config import ConfigError
+from exporter import numbers
 from exporter.collector import gpu_straggler
-from exporter.config import ConfigError
 from exporter.ethtool import pfc_pause_frames
 from exporter.gpu_processes import ProcessTracker
 from exporter.kmsg import parse_record

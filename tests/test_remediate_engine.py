@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.exposition import Renderer
+from common.exposition import Renderer
 from remediate import metrics
 from remediate.alerts import parse
 from remediate.cli import breaker_command, status_text

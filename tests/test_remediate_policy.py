@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import ConfigError
+from common.config import ConfigError
 from remediate import policy as policies
 from remediate.scheduler.slurm import expand_hostlist, fields, node_view
 

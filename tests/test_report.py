@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.report import failures, goodput, jobs, markdown, pace
-from exporter.report.source import ReportError, _number, _numbers, parse_time
+from report import failures, goodput, jobs, markdown, pace
+from report.source import ReportError, _number, _numbers, parse_time
 
 NOW = 1_800_000_000.0
 
@@ -278,7 +278,7 @@ def _report(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_an_unreachable_backend_is_one_line_and_exit_2(tmp_path) -> None:
-    from exporter.http import free_port
+    from common.http import free_port
 
     done = _report("--prometheus.url", f"http://127.0.0.1:{free_port()}", "--output", str(tmp_path))
     assert done.returncode == 2

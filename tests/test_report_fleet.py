@@ -11,14 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from exporter.http import free_port
-from exporter.report.source import parse_time
+from common.http import free_port
 from fleet import harness
 from fleet.__main__ import main as fleet_main
+from report.source import parse_time
 from tests.helpers import wait_for_port
 
-pytestmark = pytest.mark.skipif(bool(harness.missing_tools()),
-                                reason="scripts/install-deps.sh --test installs Prometheus and VictoriaMetrics")
+# A rule replay runs one vmalert per CPU (fleet/harness.py): one replay at a time.
+pytestmark = [pytest.mark.xdist_group("replay"),
+              pytest.mark.skipif(bool(harness.missing_tools()),
+                                 reason="scripts/install-deps.sh --test installs Prometheus and VictoriaMetrics")]
 
 
 def _scored(tmp_path: Path, name: str, backend: str, *flags: str) -> tuple[dict, list[str]]:

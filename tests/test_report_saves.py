@@ -1,12 +1,12 @@
 """A save's duration in the report: from the nodes' own clocks where they keep one, else the
-estimate from the samples (exporter/report/goodput.py)."""
+estimate from the samples (report/goodput.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from exporter.report import goodput
+from report import goodput
 
 NAN = np.nan
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from common.family import MetricSpec
 from exporter.cli import main
-from exporter.family import MetricSpec
-from exporter.rulepack import load_spec, render
-from exporter.rulepack.tiers import SERVICES, analyse, split
 from remediate import metrics as remediate_metrics
+from rulepack import load_spec, render
+from rulepack.tiers import SERVICES, analyse, split
 
 SPEC = load_spec()
 NODE = SPEC["labels"]["node"]

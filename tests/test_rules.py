@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter import rulepack
-from exporter.config import ConfigError
+import rulepack
+from common.config import ConfigError
+from tests.helpers import build_wheel
 
 ROOT = Path(__file__).parent.parent
 RULES = ROOT / "rules"
@@ -37,7 +38,7 @@ def test_committed_files_are_what_the_spec_renders(target: str) -> None:
 
 
 def test_rules_spec_is_the_shipped_spec() -> None:
-    assert (RULES / "spec.yaml").read_text() == (ROOT / "exporter" / "rulepack" / "spec.yaml").read_text()
+    assert (RULES / "spec.yaml").read_text() == (ROOT / "rulepack" / "spec.yaml").read_text()
 
 
 def test_override_merges_key_by_key(tmp_path: Path) -> None:
@@ -187,10 +188,7 @@ def test_vmalert_rejects_what_we_leave_out(tmp_path: Path) -> None:
 
 def test_renders_from_an_installed_wheel(tmp_path: Path) -> None:
     """`rules render` from a wheel installed outside the source tree gives the committed files."""
-    wheel_dir = tmp_path / "wheel"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-                    "-w", str(wheel_dir), str(ROOT)], check=True, capture_output=True)
-    (wheel,) = wheel_dir.glob("*.whl")
+    wheel = build_wheel(tmp_path / "source", tmp_path / "wheel")
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True)

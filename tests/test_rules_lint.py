@@ -15,7 +15,7 @@ import promql_parser
 import pytest
 import yaml
 
-from exporter.rulepack.tiers import walk
+from rulepack.tiers import walk
 
 ROOT = Path(__file__).parent.parent
 RULES = ROOT / "rules"
@@ -29,8 +29,8 @@ def _rules() -> list[dict[str, Any]]:
 
 
 def _ours() -> dict[str, str]:
+    from common.family import MetricSpec
     from exporter.collector import COLLECTORS
-    from exporter.family import MetricSpec
     from remediate import metrics as remediate_metrics
 
     types: dict[str, str] = {spec.name: spec.kind for cls in COLLECTORS.values() for spec in cls.metrics}

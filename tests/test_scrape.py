@@ -68,6 +68,7 @@ def test_permission_denied_is_a_failure_not_a_crash(monkeypatch: pytest.MonkeyPa
     assert got[("gpunode_scrape_collector_success", "good")] == 1
 
 
+@pytest.mark.alone  # times a scrape
 def test_hung_collector_times_out_and_is_not_started_twice() -> None:
     release = threading.Event()
     hung = Fake("slow", "hang", release)
@@ -154,6 +155,7 @@ def test_quick_collectors_share_one_thread(monkeypatch: pytest.MonkeyPatch) -> N
         assert collectors[0].threads[scrape] != threading.get_ident()
 
 
+@pytest.mark.alone  # times a scrape
 def test_a_slow_collector_holds_up_the_next_briefly_only() -> None:
     release = threading.Event()
     stuck, quick = Fake("stuck", "hang", release), Timed("quick", 0)

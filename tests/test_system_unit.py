@@ -32,7 +32,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,8 +44,11 @@ from exporter.kmsg import KmsgReader, parse_record
 from exporter.xid import state as statefile
 from exporter.xid.tracker import IDLE_SAVE_INTERVAL
 from tests import rootfs
-from tests.helpers import Series, free_port, parse_exposition, skip_without_kmsg, wait_for_port
+from tests.helpers import Series, build_wheel, free_port, parse_exposition, skip_without_kmsg, wait_for_port
 from tests.test_systemd import TMPFILES, UNIT, _setting, exposure_level, offline_security
+
+# Debian rootfs under systemd-nspawn: one at a time (the rootfs cache, nspawn's runtime directory).
+pytestmark = pytest.mark.xdist_group("nspawn")
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL_DOC = ROOT / "docs" / "install.md"
@@ -127,8 +129,7 @@ def _configure(root: Path, port: int, *flags: str) -> None:
 
 def _install(root: Path, port: int) -> None:
     """As docs/install.md says, but with the wheels built here: pip inside has no index to fetch from."""
-    _checked(subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "-w", str(root / "wheels"), str(ROOT)],
-                            capture_output=True, text=True, timeout=600))
+    build_wheel(root.parent / "source", root / "wheels", with_dependencies=True)
     _checked(rootfs.nspawn(root, "/usr/bin/python3", "-m", "venv", VENV))
     _checked(rootfs.nspawn(root, f"{VENV}/bin/pip", "install", "-q", "--no-index", "--find-links", "/wheels",
                            "gpunode-exporter"))

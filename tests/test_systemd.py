@@ -35,7 +35,7 @@ SYSUSERS = ROOT / "systemd" / "gpunode-exporter.sysusers"
 TMPFILES = ROOT / "systemd" / "gpunode-exporter.tmpfiles"
 INSTALL_DOC = ROOT / "docs" / "install.md"
 RULES_DOC = ROOT / "docs" / "rules.md"
-SPEC = ROOT / "exporter" / "rulepack" / "spec.yaml"
+SPEC = ROOT / "rulepack" / "spec.yaml"
 SCENARIO = ROOT / "exporter" / "nvmlsim" / "scenarios" / "healthy-h100.yaml"
 
 

@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common.config import ConfigError
 from exporter import workload
 from exporter.collector.base import Context
 from exporter.collector.gpu_processes import GPUProcessesCollector
-from exporter.config import Config, ConfigError, WorkloadConfig, load
+from exporter.config import Config, WorkloadConfig, load
 from exporter.nvml import Session
 from exporter.procfs import cgroup
 from tests.fakeproc import FakeProc

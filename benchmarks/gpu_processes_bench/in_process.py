@@ -9,20 +9,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from common import BenchError, latencies_ms, summarize  # benchmarks/ is on sys.path when run as a script
+from benchlib import BenchError, latencies_ms, summarize  # benchmarks/ is on sys.path when run as a script
 
+from common.exposition import Renderer
 from exporter.collector.base import Context
 from exporter.collector.gpu_processes import GPUProcessesCollector
 from exporter.config import Config, GPUProcessesConfig
-from exporter.exposition import Renderer
 from exporter.scrape import Scraper
 
 from .processes import Fleet, pids
-
-if TYPE_CHECKING:
-    from .over_http import Server
 
 TIMEOUT = 5.0  # the collector budget, as the server's default collector_timeout_seconds
 SETTLE_TIMEOUT = 120.0  # for a fresh collector, scraped back to back, to check every process
@@ -61,6 +58,12 @@ def check_ours(body: bytes, gpu: int, settled: bool = True) -> dict[str, float]:
     if unreadable:
         raise BenchError(f"processes we may not read: {unreadable}")
     return v
+
+
+class Scrapable(Protocol):
+    """An exporter over HTTP (over_http.Server): one timed scrape, the body uncompressed."""
+
+    def timed(self) -> tuple[float, bytes]: ...
 
 
 class Ours:
@@ -122,7 +125,7 @@ class Scrapes:
                 "pending_each_scrape": self.pending, "fd_checks_each_scrape": self.checks}
 
 
-def run_scrapes(ours: Ours | Server, gpu: int, n: int | None, before: Callable[[], None] | None = None) -> Scrapes:
+def run_scrapes(ours: Ours | Scrapable, gpu: int, n: int | None, before: Callable[[], None] | None = None) -> Scrapes:
     """n scrapes of ours, in-process or over HTTP; with n None, scrapes until checks_pending is 0
     (until then each may find fewer than `gpu` GPU processes). `before` runs ahead of each, untimed."""
     out = Scrapes()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common import (  # benchmarks/ is on sys.path when run as a script
+from benchlib import (  # benchmarks/ is on sys.path when run as a script
     BenchError,
     ServerProcess,
     die_with_parent,

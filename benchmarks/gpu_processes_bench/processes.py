@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import BenchError, die_with_parent, percentile  # benchmarks/ is on sys.path when run as a script
+from benchlib import BenchError, die_with_parent, percentile  # benchmarks/ is on sys.path when run as a script
 
 STARTUP_TIMEOUT = 60.0  # seconds for the fleet (plus 1 per 50 processes), and for a server to listen
 

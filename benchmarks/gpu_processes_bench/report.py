@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import requests
-from common import machine_info, ratio  # benchmarks/ is on sys.path when run as a script
+from benchlib import machine_info, ratio  # benchmarks/ is on sys.path when run as a script
 
 from .over_http import peer_version
 

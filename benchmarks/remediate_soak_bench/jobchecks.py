@@ -8,21 +8,8 @@ from collections import Counter
 from typing import Any
 
 from remediate.scheduler.slurm import expand_hostlist
-from remediate_soak_bench.checks import COMMENT, LEMON, STAMP_SLACK, End, Story, read_calls
-from remediate_soak_bench.jobs import NEVER, RECOVERED, Attempt
-
-
-def abnormal_ends(attempts: list[Attempt], seen: list[tuple[float, str, str, int, str, str, str]]) -> list[End]:
-    """A job's abnormal ends: attempts its script ended non-zero, and attempts Slurm showed ended
-    abnormally (NODE_FAIL, FAILED) whose script logged no end (killed with its node)."""
-    ends = [(a.ended, a.attempt, a.nodes) for a in attempts if a.abnormal and a.ended is not None]
-    logged = {a.attempt for a in attempts if a.ended is not None}
-    for at, state, _, restarts, nodes, _, _ in seen:
-        if state in ("NODE_FAIL", "FAILED") and restarts not in logged:
-            logged.add(restarts)
-            hosts = tuple(expand_hostlist(nodes)) if nodes and nodes != "(null)" else ()
-            ends.append((at, restarts, hosts))
-    return sorted(ends)
+from remediate_soak_bench.checks import COMMENT, LEMON, STAMP_SLACK, Story, read_calls
+from remediate_soak_bench.jobs import NEVER, RECOVERED, End
 
 
 def _latest(events: list[tuple[float, ...]], at: float) -> tuple[float, ...] | None:

@@ -133,3 +133,19 @@ def read_attempts(path: Path) -> dict[str, list[Attempt]]:
     for (job, _), attempt in sorted(starts.items(), key=lambda kv: (kv[0][0], kv[1].started)):
         out.setdefault(job, []).append(attempt)
     return out
+
+
+End = tuple[float, int, tuple[str, ...]]  # (when, attempt, nodes) of an abnormal end
+
+
+def abnormal_ends(attempts: list[Attempt], seen: list[tuple[float, str, str, int, str, str, str]]) -> list[End]:
+    """A job's abnormal ends: attempts its script ended non-zero, and attempts Slurm showed ended
+    abnormally (NODE_FAIL, FAILED) whose script logged no end (killed with its node)."""
+    ends = [(a.ended, a.attempt, a.nodes) for a in attempts if a.abnormal and a.ended is not None]
+    logged = {a.attempt for a in attempts if a.ended is not None}
+    for at, state, _, restarts, nodes, _, _ in seen:
+        if state in ("NODE_FAIL", "FAILED") and restarts not in logged:
+            logged.add(restarts)
+            hosts = tuple(expand_hostlist(nodes)) if nodes and nodes != "(null)" else ()
+            ends.append((at, restarts, hosts))
+    return sorted(ends)

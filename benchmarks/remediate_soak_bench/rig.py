@@ -24,8 +24,8 @@ from typing import Any
 import requests
 import yaml
 
+from common.http import free_port
 from demo.slurm import SlurmCluster, _tool
-from exporter.http import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 # Of every 1000 scheduler calls, by call number: refused at once (exit 1), stalled before reaching
@@ -57,16 +57,17 @@ def per_mille(salt: str, n: int) -> int:
 
 
 def snapshot_sources(dest: Path) -> Path:
-    """remediate/ and exporter/ as they are now: every restart of the service runs the code the run began
-    with, whatever another engineer edits meanwhile (the service is started with cwd=dest)."""
-    for package in ("remediate", "exporter"):
+    """remediate/ and common/ (what it imports) as they are now: every restart of the service runs the
+    code the run began with, whatever another engineer edits meanwhile (the service is started with
+    cwd=dest)."""
+    for package in ("remediate", "common"):
         shutil.copytree(ROOT / package, dest / package, ignore=shutil.ignore_patterns("__pycache__"))
     return dest
 
 
 def source_digest(tree: Path) -> str:
     digest = hashlib.sha256()
-    for path in sorted((tree / "remediate").rglob("*.py")):
+    for path in sorted(p for package in ("remediate", "common") for p in (tree / package).rglob("*.py")):
         digest.update(str(path.relative_to(tree)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 

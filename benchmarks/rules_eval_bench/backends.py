@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from common import (  # benchmarks/ is on sys.path when run as a script
+from benchlib import (  # benchmarks/ is on sys.path when run as a script
     BenchError,
     ServerProcess,
     die_with_parent,
@@ -24,9 +24,9 @@ from common import (  # benchmarks/ is on sys.path when run as a script
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from .backfill import write_backfill
 from .generator import Generator
 from .pack import PROMETHEUS, PROMTOOL, RULES_COPY, VICTORIA, VMALERT, copy_rules, file_key
+from .synthetic import write_backfill
 
 STARTUP_TIMEOUT = 120.0  # seconds until an engine answers its health check
 STARTUP_POLL = 0.5

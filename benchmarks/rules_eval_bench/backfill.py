@@ -8,16 +8,15 @@ import argparse
 import math
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import requests
-from common import BenchError  # benchmarks/ is on sys.path when run as a script
+from benchlib import BenchError  # benchmarks/ is on sys.path when run as a script
 
 from fleet import remote_write
 
-from .synthetic import Fleet, escape
+from .synthetic import Fleet
 
 if TYPE_CHECKING:
     from .backends import Backend
@@ -152,23 +151,3 @@ def prewrite(backend: Backend, fleet: Fleet, plan: dict[str, dict[str, Any]],
     print(f"  {backend.label}: wrote {series:,} series, {samples:,} samples in {seconds:.0f} s", flush=True)
     return {"series": series, "samples": samples, "seconds": round(seconds, 1), "until_s_after_write": until - began,
             "lead_s": {"default": PREWRITE_LEAD, **lead}}
-
-
-def write_backfill(path: Path, series: dict[str, list[tuple[dict[str, str], float]]], start: float, end: float,
-                   step: float, ms: bool) -> int:
-    """Points every step from start to end for each series, at one value (the cost of a query
-    depends on how many samples it reads, not on their values)."""
-    first = math.ceil(start / step) * step
-    stamps = [int((first + i * step) * (1000 if ms else 1)) for i in range(int((end - first) // step) + 1)]
-    points = 0
-    with path.open("w") as f:
-        for name, items in series.items():
-            for labels, value in items:
-                text = ",".join(f'{k}="{escape(v)}"' for k, v in sorted(labels.items()) if k != "__name__")
-                prefix = f"{name}{{{text}}} {value!r} "
-                f.writelines(f"{prefix}{t}\n" for t in stamps)
-                points += len(stamps)
-        if not ms:
-            f.write("# EOF\n")
-    return points
-

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from common import (  # benchmarks/ is on sys.path when run as a script
+from benchlib import (  # benchmarks/ is on sys.path when run as a script
     BenchError,
     cpu_times,
     end_of_run,

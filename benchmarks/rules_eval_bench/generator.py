@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-from common import free_port  # benchmarks/ is on sys.path when run as a script
+from benchlib import free_port  # benchmarks/ is on sys.path when run as a script
 
 from .synthetic import Fleet
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from common import BenchError, percentile, summarize  # benchmarks/ is on sys.path when run as a script
+from benchlib import BenchError, percentile, summarize  # benchmarks/ is on sys.path when run as a script
 
 from .backends import Backend
 from .backfill import backfill_plan, do_backfill, prewrite, recorded_backfill_after

@@ -17,7 +17,7 @@ from typing import Any
 
 import promql_parser
 import yaml
-from common import BenchError  # benchmarks/ is on sys.path when run as a script
+from benchlib import BenchError  # benchmarks/ is on sys.path when run as a script
 
 from . import ROOT
 

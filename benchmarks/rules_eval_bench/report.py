@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from common import machine_info  # benchmarks/ is on sys.path when run as a script
+from benchlib import machine_info  # benchmarks/ is on sys.path when run as a script
 
 from .pack import PROMETHEUS
 

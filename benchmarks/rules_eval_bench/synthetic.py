@@ -9,6 +9,7 @@ import random
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -558,3 +559,21 @@ def escape(value: str) -> str:
     """A label value as the text format quotes it."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
+
+def write_backfill(path: Path, series: dict[str, list[tuple[dict[str, str], float]]], start: float, end: float,
+                   step: float, ms: bool) -> int:
+    """Points every step from start to end for each series, at one value (the cost of a query
+    depends on how many samples it reads, not on their values)."""
+    first = math.ceil(start / step) * step
+    stamps = [int((first + i * step) * (1000 if ms else 1)) for i in range(int((end - first) // step) + 1)]
+    points = 0
+    with path.open("w") as f:
+        for name, items in series.items():
+            for labels, value in items:
+                text = ",".join(f'{k}="{escape(v)}"' for k, v in sorted(labels.items()) if k != "__name__")
+                prefix = f"{name}{{{text}}} {value!r} "
+                f.writelines(f"{prefix}{t}\n" for t in stamps)
+                points += len(stamps)
+        if not ms:
+            f.write("# EOF\n")
+    return points

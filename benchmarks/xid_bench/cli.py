@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from common import (  # benchmarks/ is on sys.path when run as a script
+from benchlib import (  # benchmarks/ is on sys.path when run as a script
     BenchError,
     ServerProcess,
     cpu_times,

@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import requests
-from common import (  # benchmarks/ is on sys.path when run as a script
+from benchlib import (  # benchmarks/ is on sys.path when run as a script
     BenchError,
     ServerProcess,
     die_with_parent,

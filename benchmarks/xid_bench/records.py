@@ -8,7 +8,7 @@ import re
 from collections import Counter
 
 import yaml
-from common import BenchError  # benchmarks/ is on sys.path when run as a script
+from benchlib import BenchError  # benchmarks/ is on sys.path when run as a script
 
 from . import ROOT
 

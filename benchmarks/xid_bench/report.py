@@ -8,7 +8,7 @@ import subprocess
 from typing import Any
 
 import requests
-from common import machine_info, ratio  # benchmarks/ is on sys.path when run as a script
+from benchlib import machine_info, ratio  # benchmarks/ is on sys.path when run as a script
 
 RSS_STABLE_MIB_PER_MIN = 1.0
 LATENCY_TARGET_MS = 100.0

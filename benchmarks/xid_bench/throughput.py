@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from common import BenchError, cpu_times, machine_load, percentile  # benchmarks/ is on sys.path when run as a script
+from benchlib import BenchError, cpu_times, machine_load, percentile  # benchmarks/ is on sys.path when run as a script
 
 from exporter.nvml import Session
 from exporter.xid.gpus import GpuDirectory

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from exporter.family import Family, MetricSpec
+from common.family import Family, MetricSpec
 from exporter.nvml import Session
 
 if TYPE_CHECKING:

@@ -1,0 +1,172 @@
+"""The node dashboard: one node's alerts, GPUs, Xids, checkpoint data path (in the
+order the Lablup B200 operations report traced it), NFS operations, storage network and checkpoints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rulepack import duration
+from rulepack.dashboards.board import (
+    NFS_MOUNT,
+    PFC,
+    SAVES,
+    Board,
+    Query,
+    phases,
+    state_timeline,
+    table_panel,
+    time_series,
+)
+
+UID = "gpunode-node"  # the cluster dashboard links here
+
+
+def build(b: Board) -> None:
+    spec = b.spec
+    mounts = [spec["checkpoint"]["mounts"]] if spec["checkpoint"]["mounts"] else []
+
+    def rate(metric: str, *matchers: str) -> str:
+        return f"rate({b.q(metric, *matchers)}[$__rate_interval])"
+
+    b.row("Alerts")
+    b.panel(table_panel(), "Firing alerts on this node",
+            "The rule pack's alerts firing now on this node (and its peer group's, which name no node), with "
+            "their labels; each alert's runbook_url annotation leads to its runbook (docs/runbooks/).", "short",
+            [Query(b.alerts())], width=24, instant=True)
+
+    b.row("GPUs")
+    b.panel(time_series(), "Remapped rows per GPU",
+            "Rows each GPU remapped to spare rows, by cause. Uncorrectable steps come with Xid 94/95 (gpu122; "
+            "GpuRowRemapUncorrectableIncrease); correctable ones accelerating precede a lost GPU (gpu124; "
+            "GpuRowRemapCorrectableAcceleration).", "short",
+            [Query(b.q("gpunode_gpu_remapped_rows_total"), "GPU {{gpu}} {{cause}}")])
+    b.panel(time_series(), "Memory banks short of spare rows, per GPU",
+            "Memory banks by how many spare rows they have left: high, partial, low, none (banks with all "
+            "their spares, max, are most and left out). A bank with none cannot remap again: "
+            "GpuRowRemapBanksExhausted.", "short",
+            [Query(b.q("gpunode_gpu_remap_banks", 'availability!="max"'), "GPU {{gpu}} {{availability}}")])
+    b.panel(state_timeline(), "GPU up, remap pending, remap failed, recovery action",
+            "Per GPU: up (0 = lost: GPU_IS_LOST or config space all-ones; GpuDown), a remap pending the next "
+            "reset (GpuRowRemapPending), a failed remap (replace the GPU; GpuRowRemapFailure), and the recovery "
+            "action the driver asks for (Xid 154: 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset, "
+            "5 recover the IMEX domain, 6 bus reset, 7 system reboot; "
+            "GpuRecoveryActionRequired).", "short",
+            [Query(b.q("gpunode_gpu_up"), "up GPU {{gpu}}"),
+             Query(b.q("gpunode_gpu_row_remap_pending"), "pending GPU {{gpu}}"),
+             Query(b.q("gpunode_gpu_row_remap_failure"), "failed GPU {{gpu}}"),
+             Query(b.q("gpunode_gpu_recovery_action"), "recovery GPU {{gpu}}")])
+    b.panel(time_series(), "PCIe link against its maximum",
+            "Each GPU's current PCIe link width and generation against their maximum. Narrower (or, while "
+            "busy, slower) for long fires GpuPcieLinkDegraded: no Xid is logged, host transfers slow down "
+            "(Minder's PCIe downgrade). An idle GPU may lower its generation to save power.", "short",
+            [Query(b.q("gpunode_gpu_pcie_link_width"), "width GPU {{gpu}} {{kind}}"),
+             Query(b.q("gpunode_gpu_pcie_link_generation"), "generation GPU {{gpu}} {{kind}}")])
+
+    b.row("Xid errors")
+    b.panel(time_series(), "Xid events per GPU and code",
+            "Xids logged in the interval per GPU and code, with NVIDIA's action (GpuXidHardwareFault, "
+            "GpuXidApplicationFault). increase() misses the first Xid of a new series: the table lists every "
+            "code seen.", "short",
+            [Query(f"sum by (gpu, xid, action) (increase({b.q('gpunode_xid_errors_total')}[$__rate_interval]))",
+                   "GPU {{gpu}} Xid {{xid}} {{action}}")])
+    b.panel(table_panel(), "Xids since boot, with the last time each was logged",
+            "Every GPU and Xid code logged since the node booted (counts survive exporter restarts), and when "
+            "it was last logged.", "short",
+            [Query(b.q("gpunode_xid_errors_total")),
+             Query(f"{b.q('gpunode_xid_last_event_timestamp_seconds')} * 1000", unit="dateTimeAsIso")], instant=True)
+
+    b.row("Checkpoint data path, in the order a save flows (Lablup B200 operations report)")
+    b.panel(time_series(), "1. GPU utilization",
+            "dcgm-exporter's utilization per GPU: it dips while a save copies tensors out, and stays low while "
+            "a restart loads (the load phase needs it).", "percent",
+            [Query(b.q("DCGM_FI_DEV_GPU_UTIL"), f"GPU {{{{{spec['labels']['dcgm_gpu']}}}}}")], width=8)
+    b.panel(time_series(), "2. Staging used",
+            "Bytes used on the staging filesystems (default /dev/shm, which node_exporter hides): a save lands "
+            "here before it goes to NFS.", "bytes",
+            [Query(b.q("gpunode_staging_used_bytes"), "{{path}}")], width=8)
+    b.panel(time_series(), "3. GPU processes' write() and read() bytes",
+            "Bytes the processes holding GPUs pass to write() and read() (wchar/rchar), monotonic across "
+            "process exits: what the job itself moves. A load first fills the page cache from NFS with few "
+            "read() calls, then read()s surge.", "Bps",
+            [Query(rate("gpunode_gpu_process_write_bytes_total"), "write()"),
+             Query(rate("gpunode_gpu_process_read_bytes_total"), "read()")], width=8)
+    b.panel(time_series(), "4. Dirty and writeback page cache",
+            "node_exporter's Dirty and Writeback bytes: written data waiting for, and being sent to, NFS.",
+            "bytes", [Query(b.q("node_memory_Dirty_bytes"), "dirty"),
+                      Query(b.q("node_memory_Writeback_bytes"), "writeback")], width=8)
+    write = rate("gpunode_nfs_rpc_sent_bytes_total", 'op="WRITE"', *mounts)
+    read = rate("gpunode_nfs_rpc_received_bytes_total", 'op="READ"', *mounts)
+    b.panel(time_series(), "5. NFS WRITE and READ bytes, and RPC backlog",
+            "Bytes sent by WRITE and received by READ requests, summed over the mounts the checkpoint phases "
+            "count (checkpoint.mounts); and, on the right axis, requests waiting for an RPC slot per send: "
+            "above 0 the slot table is full (NfsSlotTableSaturated).", "Bps",
+            [Query(f"sum({write})", "WRITE"), Query(f"sum({read})", "READ"),
+             Query(f"max by (mountpoint) ({b.rec('gpunode:nfs_transport_backlog:')})", "backlog {{mountpoint}}",
+                   unit="short", right=True)], width=8)
+    nfs = 'fstype=~"nfs4?"'
+    b.panel(time_series(), "6. Storage used",
+            "Bytes used on the node's NFS filesystems (node_exporter): where the save ends.", "bytes",
+            [Query(f"{b.q('node_filesystem_size_bytes', nfs)} - {b.q('node_filesystem_avail_bytes', nfs)}",
+                   "{{mountpoint}}")], width=8, needs=(NFS_MOUNT,))
+
+    b.row("NFS operations")
+    b.panel(time_series(), "Time per request by operation: slot wait against network + server",
+            "Per mount and operation, the mean slot wait (queue) and network + server time (rtt) per request. "
+            "Queue above rtt: more slots, not a faster link, would help (NfsSlotWaitDominates, "
+            "NfsBandwidthParadox).", "s",
+            [Query(b.rec("gpunode:nfs_rpc_queue_seconds_per_request:"), "slot wait {{op}} {{mountpoint}}"),
+             Query(b.rec("gpunode:nfs_rpc_rtt_seconds_per_request:"), "network+server {{op}} {{mountpoint}}")])
+    b.panel(time_series(), "Requests per second by operation",
+            "NFS requests per second per mount and operation (the operations in spec nfs.ops).", "reqps",
+            [Query(b.rec("gpunode:nfs_rpc_operations:"), "{{op}} {{mountpoint}}")], width=6)
+    b.panel(time_series(), "RPC slot table saturation",
+            "Per transport, mean requests in flight per send over its slots (max_slots, or the sunrpc limit for "
+            "rdma); near 1 with a backlog fires NfsSlotTableSaturated ("
+            "the Lablup B200 operations report's loads: 128 slots full).",
+            "percentunit",
+            [Query(b.rec("gpunode:nfs_transport_slot_saturation:"), "{{mountpoint}} {{transport}}")], width=6)
+
+    b.row("Storage network")
+    b.panel(time_series(), "RoCE congestion: ECN marks and CNPs",
+            "Per RDMA port: packets arriving ECN-marked, congestion notifications sent and handled. They "
+            "surge on a PCIe-downgraded or congested node (Minder); precursor signals roce_ecn and roce_cnp.",
+            "pps",
+            [Query(rate("gpunode_rdma_ecn_marked_packets_total"), "ECN marked {{device}} {{port}}"),
+             Query(rate("gpunode_rdma_cnp_sent_total"), "CNP sent {{device}} {{port}}"),
+             Query(rate("gpunode_rdma_cnp_handled_total"), "CNP handled {{device}} {{port}}")], width=8)
+    b.panel(time_series(), "PFC pause frames",
+            "Priority flow control pause frames per interface, direction and priority: rx, the switch asks this "
+            "node to stop; tx, this node asks it (Minder: PFC Tx was the most sensitive signal).", "pps",
+            [Query(rate("gpunode_network_pfc_pause_frames_total"), "{{device}} {{direction}} prio {{priority}}")],
+            width=8, needs=(PFC,))
+    b.panel(time_series(), "Storage link utilization",
+            "Bytes per second through each storage interface (kernel and RDMA counters) over its link speed. "
+            "Slot wait dominating at a low utilization is NfsBandwidthParadox ("
+            "the Lablup B200 operations report: 1.4 % during saves).",
+            "percentunit", [Query(b.rec("gpunode:storage_link_utilization:"), "{{device}}")], width=8)
+
+    b.row("Checkpoints")
+    window = duration(spec["checkpoint"]["interval_window"])
+    b.panel(phases(state_timeline()), "Checkpoint phase",
+            "Training, saving or loading, as the rule pack classifies this node (after "
+            "the Lablup B200 operations report); "
+            "CheckpointLoadSlow fires on a load longer than checkpoint.load_slow_seconds.", "short",
+            [Query(b.rec("gpunode:checkpoint_phase:node"), "phase")], width=8)
+    b.panel(time_series(), "Checkpoint interval and save duration against Young/Daly",
+            "This node's mean time between saves and its Young/Daly optimum sqrt(2 x save duration x MTBF), "
+            "and the mean save duration, all over checkpoint.interval_window.", "s",
+            [Query(b.rec(f"gpunode:checkpoint_interval_seconds:avg{window}"), "interval"),
+             Query(b.rec("gpunode:checkpoint_interval_seconds:young_daly"), "optimum"),
+             Query(b.rec(f"gpunode:checkpoint_save_duration_seconds:avg{window}"), "save duration")],
+            width=8, needs=(SAVES,))
+    b.panel(time_series(), "Checkpoint cost against Young/Daly",
+            "delta/T + T/(2 MTBF): the share of training time this node's checkpointing costs at its interval, "
+            "and at the optimum.", "percentunit",
+            [Query(b.rec(f"gpunode:checkpoint_cost_ratio:avg{window}"), "now"),
+             Query(b.rec("gpunode:checkpoint_cost_ratio:young_daly"), "at the optimum")], width=8, needs=(SAVES,))
+
+
+def describe(_spec: dict[str, Any]) -> tuple[str, str, str]:
+    return (UID, "GPU nodes: node",
+            "One GPU node: alerts, GPU memory health, Xids, the checkpoint data path, NFS, the storage network "
+            "and checkpoints.")
