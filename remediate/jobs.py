@@ -182,13 +182,16 @@ def blames(ends: Iterable[End]) -> dict[str, set[str]]:
         if end.unexplained:
             unexplained.append(end)
     on: dict[str, list[End]] = {}
+    by_job: dict[str, list[End]] = {}
     for end in unexplained:
+        by_job.setdefault(end.job, []).append(end)
         for node in end.nodes:
             on.setdefault(node, []).append(end)
+    # A job that also failed with no culprit away from a node fails wherever it runs (its own bug, or
+    # bad luck): its ends there say nothing of the node.
+    always_on = {job: set(shared_nodes(chain)) for job, chain in by_job.items()}
     for node, chain in on.items():
-        # A job that also failed with no culprit away from this node fails wherever it runs (its own
-        # bug, or bad luck): its ends there say nothing of the node.
-        chain = [e for e in chain if all(node in other.nodes for other in unexplained if other.job == e.job)]
+        chain = [e for e in chain if node in always_on[e.job]]
         if len(chain) >= 2 and shared_nodes(chain) == (node,):
             out.setdefault(node, set()).update(e.job for e in chain)
     return out

@@ -54,6 +54,7 @@ from remediate_soak_bench.rig import (
     PrometheusSender,
     Service,
     SoakCluster,
+    read_new,
     reset_command,
     snapshot_sources,
     write_scontrol_wrapper,
@@ -319,13 +320,9 @@ class Soak(JobPlayer):
             self.say(f"the service died by itself (exit {self.service.proc.returncode}): started again")
             self.service.start()
         log = self.run.service_log
-        size = log.stat().st_size if log.exists() else 0
-        if size <= self.service_log_read:
+        text, self.service_log_read = read_new(log, self.service_log_read)
+        if not text:
             return
-        with log.open("rb") as f:
-            f.seek(self.service_log_read)
-            text = f.read(size - self.service_log_read).decode(errors="replace")
-        self.service_log_read = size
         if "Exception in thread" in text and self.service.up and self.service.start not in self.restarts:
             last = [line for line in text.splitlines() if line.strip()][-1][:200]
             self.run.faults.append((now, "service_died", f"worker thread: {last}"))

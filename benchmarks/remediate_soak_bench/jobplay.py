@@ -14,6 +14,7 @@ from remediate_soak_bench.clock import (
 )
 from remediate_soak_bench.episodes import job_fault
 from remediate_soak_bench.jobs import SoakJob, draw_job
+from remediate_soak_bench.rig import read_new
 
 
 class JobPlayer:
@@ -41,15 +42,7 @@ class JobPlayer:
     def _read_runs(self) -> None:
         """The jobs' log since the last look: an attempt that fails under an alert gets it on one of its nodes;
         a job of kind `cancelled` is cancelled by a person a moment after it starts."""
-        log = self.run.job_runs
-        size = log.stat().st_size if log.exists() else 0
-        if size <= self.runs_read:
-            return
-        with log.open("rb") as f:
-            f.seek(self.runs_read)
-            text = f.read(size - self.runs_read).decode(errors="replace")
-        text = text[:text.rfind("\n") + 1]  # whole lines only
-        self.runs_read += len(text.encode())
+        text, self.runs_read = read_new(self.run.job_runs, self.runs_read, whole_lines=True)
         for line in text.splitlines():
             words = line.split()
             job = self.by_id.get(words[1]) if len(words) >= 5 else None

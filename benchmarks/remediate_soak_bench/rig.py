@@ -56,6 +56,20 @@ def per_mille(salt: str, n: int) -> int:
     return int(hashlib.md5(f"{salt}:{n}".encode()).hexdigest()[:7], 16) % 1000
 
 
+def read_new(path: Path, offset: int, whole_lines: bool = False) -> tuple[str, int]:
+    """What a growing log gained since byte `offset` (up to its last whole line, if asked), and the
+    offset to read from next."""
+    size = path.stat().st_size if path.exists() else 0
+    if size <= offset:
+        return "", offset
+    with path.open("rb") as f:
+        f.seek(offset)
+        data = f.read(size - offset)
+    if whole_lines:
+        data = data[:data.rfind(b"\n") + 1]
+    return data.decode(errors="replace"), offset + len(data)
+
+
 def snapshot_sources(dest: Path) -> Path:
     """remediate/ and common/ (what it imports) as they are now: every restart of the service runs the
     code the run began with, whatever another engineer edits meanwhile (the service is started with
