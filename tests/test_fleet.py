@@ -17,8 +17,9 @@ from fleet.harness import Firing
 from fleet.simulate import Fleet, Truth, node_name, workload_label
 from tests.helpers import free_port, wait_for_port
 
-# A rule replay runs one vmalert per CPU (fleet/harness.py): one replay at a time.
-pytestmark = pytest.mark.xdist_group("replay")
+# A rule replay runs one vmalert per CPU (fleet/harness.py): alone, with the machine to itself. Beside
+# other tests, vmalert's replay of an alerting rule had its writes refused as duplicate samples.
+pytestmark = pytest.mark.alone
 
 SELFTEST = scenario.load("selftest")
 HEALTHY = {node_name(n) for n in (0, 1, 3, 5)}

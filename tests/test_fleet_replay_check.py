@@ -21,8 +21,9 @@ from fleet.replay_check import Gap, ReplayLostError, Written, ensure, evaluation
 from fleet.simulate import Fleet
 from tests.helpers import free_port
 
-# A rule replay runs one vmalert per CPU (fleet/harness.py): one replay at a time.
-pytestmark = pytest.mark.xdist_group("replay")
+# A rule replay runs one vmalert per CPU (fleet/harness.py): alone, with the machine to itself. Beside
+# other tests, vmalert's replay of an alerting rule had its writes refused as duplicate samples.
+pytestmark = pytest.mark.alone
 
 STEP = 30.0
 START = 1_700_000_400.0  # a multiple of 30 s, as the harness's ranges start
