@@ -242,11 +242,12 @@ def run(backend: str, fleet: Fleet, workdir: Path, port: int | None = None, spec
         retried: list[str] = []
 
         def vmalert(n: int, path: Path, spans: list[tuple[float, float]]) -> None:
+            points = HELD_ALERT_POINTS if _held(singles[n]["groups"][0]["rules"][0]) else REPLAY_POINTS[backend]
             for begin, until in spans:
                 done = subprocess.run(
                     ["vmalert", f"-rule={path}", f"-datasource.url={url}", f"-remoteWrite.url={write_url}",
                      f"-replay.timeFrom={rfc3339(begin)}", f"-replay.timeTo={rfc3339(until)}",
-                     f"-replay.maxDatapointsPerQuery={REPLAY_POINTS[backend]}", "-replay.rulesDelay=0s",
+                     f"-replay.maxDatapointsPerQuery={points}", "-replay.rulesDelay=0s",
                      "-replay.disableProgressBar",
                      "-remoteWrite.flushInterval=100ms", "-datasource.lookback=0s", "-loggerLevel=WARN",
                      # the rule's interval as the range query's step: the default (5m) evaluated every
@@ -361,12 +362,15 @@ def _spans(rule_file: dict[str, Any], start: float, end: float) -> list[tuple[fl
     """The replay's time spans for a one-rule file: the whole range in one replay, except for a
     recording rule that reads its own past (the Xid episode start): a replay answers a whole
     span from one range query, in which the rule's own output does not exist yet, so such a
-    rule is replayed one evaluation at a time."""
+    rule is replayed one evaluation at a time. An alert with `for:` (_held) runs in spans that
+    share no evaluation."""
     group = rule_file["groups"][0]
     rule = group["rules"][0]
+    step = seconds(group["interval"], "interval")
+    if _held(rule):
+        return _disjoint(replay_check.evaluations(start, end, step))
     if "record" not in rule or rule["record"] not in rule["expr"]:
         return [(start, end)]
-    step = seconds(group["interval"], "interval")
     first = start - start % step + (step if start % step else 0)  # vmalert aligns evaluations to the interval
     return [(t, t + step) for t in np.arange(first, end, step)]
 
@@ -374,21 +378,43 @@ def _spans(rule_file: dict[str, Any], start: float, end: float) -> list[tuple[fl
 def _gap_spans(rule_file: dict[str, Any], gap: replay_check.Gap) -> list[tuple[float, float]]:
     """The replay spans that write a gap's evaluations again and no other (a range query includes
     both ends, so a span ends a second after its last evaluation): the gap in one span, or one
-    span per evaluation for a rule that reads its own past (as _spans)."""
+    span per evaluation for a rule that reads its own past (as _spans), or spans that share no
+    evaluation for an alert with `for:`."""
     rule = rule_file["groups"][0]["rules"][0]
+    if _held(rule):
+        return _disjoint(gap.times())
     if "record" in rule and rule["record"] in rule["expr"]:
         return [(float(t), float(t) + 1) for t in gap.times()]
     return [(gap.first, gap.last + 1)]
 
 
+# Evaluations per vmalert run of an alert with `for:`, all in one range query. vmalert's replay
+# splits a longer range into queries whose ends overlap, so it writes each boundary's evaluation
+# twice, and the two ALERTS_FOR_STATE samples (the alert's start) differ. When the second arrives
+# in a later write, Prometheus refuses it ("duplicate sample for timestamp") and vmalert drops that
+# whole write: seen on a busy machine, where the next query took longer than a write's flush.
+HELD_ALERT_POINTS = 1440
+
+
+def _held(rule: dict[str, Any]) -> bool:
+    """An alert with `for:`, for which vmalert writes ALERTS_FOR_STATE."""
+    return "alert" in rule and seconds(rule.get("for", 0), "for") > 0
+
+
+def _disjoint(times: np.ndarray) -> list[tuple[float, float]]:
+    """Spans of at most HELD_ALERT_POINTS of these evaluations each, no two sharing one."""
+    return [(float(chunk[0]), float(chunk[-1]) + 1)
+            for chunk in (times[i:i + HELD_ALERT_POINTS] for i in range(0, len(times), HELD_ALERT_POINTS))]
+
+
 def _alerts(url: str, start: float, end: float, timing: dict[str, tuple[float, float]]) -> list[Firing]:
     """Alert episodes from the ALERTS series the replay wrote back.
 
-    vmalert 1.79's replay writes an alert with `for:` as pending while its expression holds
-    but never turns it to firing (seen on both backends). So `for:` is applied here, as
-    Prometheus does: an episode is a run of consecutive evaluations (its group's interval
-    apart) where the alert is pending or firing, and it fires from the run's start + `for`
-    if the run lasts that long.
+    vmalert 1.79's replay writes an alert with `for:` as pending, then firing, but starts it
+    afresh at each run's first evaluation (_held). So `for:` is applied here, as Prometheus
+    does: an episode is a run of consecutive evaluations (its group's interval apart) where
+    the alert is pending or firing, and it fires from the run's start + `for` if the run
+    lasts that long.
     """
     runs: dict[tuple[tuple[str, str], ...], set[float]] = {}
     chunk = 300_000  # seconds of ALERTS per query: 10,000 samples at 30 s

@@ -88,7 +88,8 @@ def test_without_expected_alerts_the_demo_runs_its_duration_and_removes_its_dire
         tmp_path: Path, demo_install: Install) -> None:
     started = time.monotonic()
     out, _ = start_demo(tmp_path, demo_install, "--scenario", "healthy", "--duration", "4").communicate(timeout=150)
-    assert out.splitlines()[-1] == "demo: stopped after 4 s; no alert expected", out
+    # its duration, and a second or more on a machine busy with other tests (5 s beside the suite)
+    assert re.fullmatch(r"demo: stopped after [4-9] s; no alert expected", out.splitlines()[-1]), out
     assert time.monotonic() - started >= 4
     assert workdir_of(out).parent == tmp_path and list(tmp_path.iterdir()) == [], out
 

@@ -21,9 +21,8 @@ from fleet.replay_check import Gap, ReplayLostError, Written, ensure, evaluation
 from fleet.simulate import Fleet
 from tests.helpers import free_port
 
-# A rule replay runs one vmalert per CPU (fleet/harness.py): alone, with the machine to itself. Beside
-# other tests, vmalert's replay of an alerting rule had its writes refused as duplicate samples.
-pytestmark = pytest.mark.alone
+# A rule replay runs one vmalert per CPU (fleet/harness.py): one replay at a time.
+pytestmark = pytest.mark.xdist_group("replay")
 
 STEP = 30.0
 START = 1_700_000_400.0  # a multiple of 30 s, as the harness's ranges start
@@ -218,6 +217,21 @@ def test_a_gap_is_replayed_in_one_span_or_one_evaluation_at_a_time_for_a_rule_re
     assert harness._gap_spans(rule("a:b", "x"), gap) == [(START, START + 2 * STEP + 1)]
     assert harness._gap_spans(rule("a:b", "a:b or x"), gap) == [(START + k * STEP, START + k * STEP + 1)
                                                                for k in range(3)]
+
+
+def test_an_alert_with_for_is_replayed_in_spans_that_share_no_evaluation() -> None:
+    def rule(**alert: str) -> dict[str, Any]:
+        return {"groups": [{"name": "g", "interval": "30s", "rules": [{"alert": "A", "expr": "x > 1", **alert}]}]}
+
+    end = START + 3000 * STEP
+    spans = harness._spans(rule(**{"for": "4m"}), START, end)
+    times = [replay_check.evaluations(begin, until, STEP) for begin, until in spans]
+    assert [len(t) for t in times] == [harness.HELD_ALERT_POINTS] * 2 + [3001 - 2 * harness.HELD_ALERT_POINTS]
+    assert np.array_equal(np.concatenate(times), replay_check.evaluations(START, end, STEP))  # each once
+    assert harness._spans(rule(), START, end) == [(START, end)]  # no for:, no ALERTS_FOR_STATE
+    gap = Gap(START, START + 2000 * STEP, STEP)
+    assert [len(replay_check.evaluations(b, u, STEP)) for b, u in harness._gap_spans(rule(**{"for": "4m"}), gap)] == [
+        harness.HELD_ALERT_POINTS, 2001 - harness.HELD_ALERT_POINTS]
 
 
 # --- on the real backends: the self-test's fleet, one recording's first replay truncated ----------------------------

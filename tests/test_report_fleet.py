@@ -17,9 +17,8 @@ from fleet.__main__ import main as fleet_main
 from report.source import parse_time
 from tests.helpers import wait_for_port
 
-# A rule replay runs one vmalert per CPU (fleet/harness.py): alone, with the machine to itself. Beside
-# other tests, vmalert's replay of an alerting rule had its writes refused as duplicate samples.
-pytestmark = [pytest.mark.alone,
+# A rule replay runs one vmalert per CPU (fleet/harness.py): one replay at a time.
+pytestmark = [pytest.mark.xdist_group("replay"),
               pytest.mark.skipif(bool(harness.missing_tools()),
                                  reason="scripts/install-deps.sh --test installs Prometheus and VictoriaMetrics")]
 
