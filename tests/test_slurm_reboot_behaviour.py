@@ -91,7 +91,7 @@ def test_rts1_idle_node_comes_back_down_with_reboot_complete_appended_until_resu
     reboot(rts1, "gpu001")
     changes = watch(rts1, "gpu001", 20, until=lambda s: s[0] == "DOWN")
     assert went(changes, REQUESTED, ("DOWN+DRAIN+REBOOT_ISSUED", ISSUED), ("DOWN", COMPLETE)), changes
-    assert at(changes, ("DOWN", COMPLETE)) < 5  # ~1.6-2.0 s measured
+    assert at(changes, ("DOWN", COMPLETE)) < 10  # ~1.6-2.0 s measured; a busy machine adds seconds
     assert rts1.reboots("gpu001") == 1 and "NextState" not in rts1.node("gpu001")
     held = watch(rts1, "gpu001", 7)  # longer than ReturnToService=2 takes to return a node (~5 s)
     assert [s for _, s in held] == [("DOWN", COMPLETE)]
@@ -110,7 +110,7 @@ def test_rts1_busy_node_drains_until_its_job_ends_then_reboots_down(rts1: SlurmC
     rts1.cancel(job)
     changes = watch(rts1, "gpu002", 20, until=lambda s: s[0] == "DOWN")
     assert went(changes, COMPLETING, REQUESTED, ("DOWN+DRAIN+REBOOT_ISSUED", ISSUED), ("DOWN", COMPLETE)), changes
-    assert at(changes, ("DOWN", COMPLETE)) < 5  # ~1.8-2.1 s after the cancel measured
+    assert at(changes, ("DOWN", COMPLETE)) < 10  # ~1.8-2.1 s after the cancel measured, 5.0 s once on a busy machine
     assert rts1.reboots("gpu002") == 1 and "NextState" not in rts1.node("gpu002")
     # No resume here: one that comes before the rebooted slurmd registers again sends the node DOWN
     # "Node unexpectedly rebooted" (seen once in a full run); the idle node's test shows the resume.
