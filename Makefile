@@ -26,7 +26,7 @@ lint:
 	scripts/install-deps.sh --test
 	.venv/bin/ruff check common exporter rulepack report remediate tests benchmarks scripts demo fleet
 
-bench:  # GPU collector vs naive pynvml (~40 s), NFS vs node_exporter, GPU processes vs process-exporter, bursts of scrapes vs node_exporter (root, ~3.5 min), the reference node: series and a full scrape (~1 min), its checkpoint clock against none (~3 min), the remediation service on a real slurmctld (root, ~5 s)
+bench:  # GPU collector vs naive pynvml (~40 s), NFS vs node_exporter, GPU processes vs process-exporter, bursts of scrapes vs node_exporter (root, ~3.5 min), the reference node: series, a full scrape and where it goes (~1.5 min), its checkpoint clock against none (~3 min), the remediation service on a real slurmctld (root, ~5 s)
 	scripts/install-deps.sh --test
 	$(PY) benchmarks/gpu_scrape.py
 	$(PY) benchmarks/scrape_latency.py
@@ -36,6 +36,7 @@ bench:  # GPU collector vs naive pynvml (~40 s), NFS vs node_exporter, GPU proce
 	$(PY) benchmarks/burst.py
 	$(PY) benchmarks/series_budget.py --out benchmarks/results/series_budget.json
 	$(PY) benchmarks/reference_scrape.py
+	$(PY) benchmarks/scrape_profile.py
 	$(PY) benchmarks/checkpoint_clock.py
 	$(PY) benchmarks/remediate_latency.py
 

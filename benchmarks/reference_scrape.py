@@ -112,9 +112,8 @@ def _stats(times: list[float]) -> dict[str, float]:
             "p99_seconds": percentile(times, 0.99)}
 
 
-def measure(servers: list[ServerProcess], targets: dict[str, Target], scrapes: int
-             ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, int]]:
-    """Kept-alive scrapes of each server in turn, then as many on a new connection each."""
+def wait_scrapable(servers: list[ServerProcess], targets: dict[str, Target]) -> None:
+    """Each server answers a scrape (within 30 s of the call, or it has exited)."""
     for server in servers:
         deadline = time.monotonic() + 30
         while True:
@@ -126,6 +125,12 @@ def measure(servers: list[ServerProcess], targets: dict[str, Target], scrapes: i
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+
+
+def measure(servers: list[ServerProcess], targets: dict[str, Target], scrapes: int
+             ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, int]]:
+    """Kept-alive scrapes of each server in turn, then as many on a new connection each."""
+    wait_scrapable(servers, targets)
     for _ in range(20):  # warm up: the first scrapes check every process for GPU use
         for server in servers:
             _scrape(targets[server.key])
