@@ -492,6 +492,7 @@ class Fleet:
             yield emit("gpunode_nfs_rpc_sent_bytes_total", "gpunode", self._counter(sent), **labels)
             yield emit("gpunode_nfs_rpc_received_bytes_total", "gpunode", self._counter(received), **labels)
             yield emit("gpunode_nfs_rpc_major_timeouts_total", "gpunode", np.zeros(t.size), **labels)
+        yield emit("gpunode_nfs_mount_major_timeouts_total", "gpunode", np.zeros(t.size), **mount)
         sends = getattr_ops + write_ops + read_ops
         in_flight = np.where(saturated, 128.0, np.where(save, 40.0, np.where(load, 30.0, 2.0)))
         backlog = np.where(saturated, 600.0, 0.0)

@@ -399,7 +399,7 @@ class Fleet:
         ckpt = m == 0
         saturated = ckpt and ("nfs_slots" in roles or "nfs_paradox" in roles)
         loading = ckpt and "checkpoint_load" in roles
-        total_ops = 0.0
+        total_ops = mount_timeouts = 0.0
         for op in self.ops:
             ol = f'{{{ml},op="{op}"}}'
             rate = NFS_ACTIVE.get(op, (0.0, 0.0))[m] * jitter
@@ -436,6 +436,8 @@ class Fleet:
             timeouts = 0.05 if op == "WRITE" and ckpt and "nfs_timeouts" in roles else 0.0
             self.counter("gpunode_nfs_rpc_major_timeouts_total", ol, 0, timeouts, wobble=0)
             self.const("gpunode_nfs_rpc_errors_total", "counter", ol, 0)
+            mount_timeouts += timeouts
+        self.counter("gpunode_nfs_mount_major_timeouts_total", f"{{{ml}}}", 0, mount_timeouts, wobble=0)
         max_slots = 128 if saturated else rng.choice((16, 32, 64))
         occupancy = 0.96 * max_slots if saturated else rng.uniform(1, 4)
         # Each transport as the exporter's per_transport serves it, or by default their sum

@@ -22,6 +22,10 @@ TRANSMISSIONS = MetricSpec("gpunode_nfs_rpc_transmissions_total", "counter",
                            "RPC transmissions, retransmissions included.", _OP)
 MAJOR_TIMEOUTS = MetricSpec("gpunode_nfs_rpc_major_timeouts_total", "counter",
                             "RPC requests that hit a major timeout.", _OP)
+MOUNT_MAJOR_TIMEOUTS = MetricSpec("gpunode_nfs_mount_major_timeouts_total", "counter",
+                                  "RPC requests of any operation on the mount that hit a major timeout (the "
+                                  "per-operation series summed): a rule reads a series per mount, not a dozen.",
+                                  ("mountpoint", "export"))
 ERRORS = MetricSpec("gpunode_nfs_rpc_errors_total", "counter",
                     "RPC requests that completed with an error status (kernels >= 5.3 only).", _OP)
 SENT_BYTES = MetricSpec("gpunode_nfs_rpc_sent_bytes_total", "counter",
@@ -121,7 +125,7 @@ def read_mount_files(procfs: Path) -> tuple[str, str]:
 class NFSCollector(Collector):
     name = "nfs"
     description = "NFS client RPC time split (slot wait vs network+server), per mount and op."
-    metrics = (OPERATIONS, TRANSMISSIONS, MAJOR_TIMEOUTS, ERRORS, SENT_BYTES, RECEIVED_BYTES,
+    metrics = (OPERATIONS, TRANSMISSIONS, MAJOR_TIMEOUTS, MOUNT_MAJOR_TIMEOUTS, ERRORS, SENT_BYTES, RECEIVED_BYTES,
                QUEUE_SECONDS, RTT_SECONDS, EXECUTE_SECONDS,
                *(spec for spec, _ in _TRANSPORT_FIELDS), MOUNT_INFO, SLOT_TABLE_LIMIT, PARSE_ERRORS)
 
@@ -149,7 +153,7 @@ class NFSCollector(Collector):
 
         op_fams = {spec: spec.family() for spec in self.metrics if spec.labels == _OP}
         xprt_fams = {spec: spec.family() for spec, _ in self._transport_fields}
-        info = MOUNT_INFO.family()
+        info, mount_timeouts = MOUNT_INFO.family(), MOUNT_MAJOR_TIMEOUTS.family()
         seen: set[tuple[str, str]] = set()
         for mount in stats.mounts:
             key = (mount.mountpoint, mount.export)
@@ -157,6 +161,8 @@ class NFSCollector(Collector):
                 continue
             seen.add(key)
             self._add_operations(op_fams, mount, self._operations)
+            if mount.operations:  # no per-op block: no count, not 0
+                mount_timeouts.add(key, sum(op.major_timeouts for op in mount.operations))
             for labels, values in self._transports(mount):
                 for spec, field in self._transport_fields:
                     if field in values:
@@ -167,6 +173,7 @@ class NFSCollector(Collector):
             info.add((*key, protocol, address, device or ""), 1)
 
         yield from op_fams.values()
+        yield mount_timeouts
         yield from xprt_fams.values()
         yield info
         limits = SLOT_TABLE_LIMIT.family()
