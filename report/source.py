@@ -131,14 +131,17 @@ class Source:
                 print(f"warning: skipped a series of {query!r}: {err}", file=sys.stderr)
         return out
 
-    def chunks(self, query: str, what: str = "") -> Iterator[tuple[slice, dict[Labels, np.ndarray]]]:
-        """The query chunk by chunk: (the chunk's slice of the grid, each series' values on it, NaN
-        where it has no sample; float64: a timestamp needs its 53 bits)."""
-        count = max(1, math.ceil(self.size / CHUNK_POINTS))
-        for k in range(count):
-            part = slice(k * CHUNK_POINTS, min(self.size, (k + 1) * CHUNK_POINTS))
+    def chunks(self, query: str, what: str = "", spans: list[slice] | None = None
+               ) -> Iterator[tuple[slice, dict[Labels, np.ndarray]]]:
+        """The query over `spans` of the grid (default: all of it), chunk by chunk, a span cut at
+        CHUNK_POINTS: (the chunk's slice of the grid, each series' values on it, NaN where it has
+        no sample; float64: a timestamp needs its 53 bits)."""
+        parts = [slice(first, min(span.stop, first + CHUNK_POINTS))
+                 for span in ([slice(0, self.size)] if spans is None else spans)
+                 for first in range(span.start, span.stop, CHUNK_POINTS)]
+        for k, part in enumerate(parts):
             if self.progress:
-                self.progress(f"{what or query[:40]} {k + 1}/{count}")
+                self.progress(f"{what or query[:40]} {k + 1}/{len(parts)}")
             began = time.monotonic()
             data = self._get("/api/v1/query_range", {
                 "query": query, "start": f"{self.start + part.start * self.step:.3f}",
@@ -163,10 +166,11 @@ class Source:
             self.seconds[key] = self.seconds.get(key, 0.0) + time.monotonic() - began
             yield part, out
 
-    def range(self, query: str, what: str = "") -> dict[Labels, np.ndarray]:
-        """Each series of the query over the whole grid (NaN where it has no sample)."""
+    def range(self, query: str, what: str = "", spans: list[slice] | None = None) -> dict[Labels, np.ndarray]:
+        """Each series of the query on the whole grid, asked over `spans` of it (default: all of
+        it); NaN where it has no sample or was not asked."""
         out: dict[Labels, np.ndarray] = {}
-        for part, chunk in self.chunks(query, what):
+        for part, chunk in self.chunks(query, what, spans):
             for labels, values in chunk.items():
                 out.setdefault(labels, np.full(self.size, np.nan, np.float64))[part] = values
         return out
