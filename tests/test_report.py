@@ -295,19 +295,21 @@ def test_an_unreachable_backend_is_one_line_and_exit_2(tmp_path) -> None:
 
 @pytest.fixture
 def query_api() -> Iterator[tuple[str, list[tuple[float, float]]]]:
-    """A query API whose one series' value at each step is that step's time: its URL, and the
-    (start, end) of each range asked."""
+    """A query API whose one series' value at each step is that step's time (the query `refuse`:
+    HTTP 422): its URL, and the (start, end) of each range asked."""
     asked: list[tuple[float, float]] = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            q = {k: float(v[0]) for k, v in urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query).items()
-                 if k in ("start", "end", "step")}
+            params = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+            q = {k: float(params[k][0]) for k in ("start", "end", "step")}
             asked.append((q["start"], q["end"]))
             steps = np.arange(q["start"], q["end"] + q["step"] / 2, q["step"])
-            body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
-                {"metric": {"instance": "n1"}, "values": [[t, repr(float(t))] for t in steps]}]}}).encode()
-            self.send_response(200)
+            refused = params["query"] == ["refuse"]
+            body = json.dumps({"status": "error", "error": "no"} if refused else {
+                "status": "success", "data": {"resultType": "matrix", "result": [
+                    {"metric": {"instance": "n1"}, "values": [[t, repr(float(t))] for t in steps]}]}}).encode()
+            self.send_response(422 if refused else 200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -337,3 +339,5 @@ def test_a_query_is_asked_over_its_spans_in_chunks_and_read_onto_the_grid(query_
     asked.clear()
     assert [part for part, _chunk in src.chunks("q")] == [slice(k, min(30, k + 4)) for k in range(0, 30, 4)]
     assert len(asked) == 8
+    with pytest.raises(ReportError, match=f"{url} refused 'refuse': HTTP 422: no"):
+        src.range("refuse")
