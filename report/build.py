@@ -59,15 +59,18 @@ def build(src: Source, spec: dict[str, Any], start: float, end: float) -> dict[s
     if not presence:
         raise ReportError(f"no workloads (gpunode_node_workload_info) between {rfc3339(start)} and {rfc3339(end)} "
                           f"at {src.url}: no gpunode-exporter data in that range")
+    # Each node's phase as the rule pack records it (gpunode:checkpoint_phase:node): saving while
+    # it writes faster than save_write_bytes, else loading while it reads faster than
+    # load_read_bytes with its GPUs under load_gpu_utilization %. The server applies the
+    # thresholds, and answers with the few samples that pass, not every node's every sample.
     sent = selector(spec, "gpunode_nfs_rpc_sent_bytes_total", "gpunode", WRITE, mounts)
     received = selector(spec, "gpunode_nfs_rpc_received_bytes_total", "gpunode", READ, mounts)
-    write = _by_node(src.range(f"sum by ({node}) (irate({sent}{pw}))", "NFS writes"), node)
-    read = _by_node(src.range(f"sum by ({node}) (irate({received}{pw}))", "NFS reads"), node)
-    util = _by_node(src.range(f"avg by ({node}) ({selector(spec, 'DCGM_FI_DEV_GPU_UTIL', 'dcgm')})", "GPU use"), node)
+    util = selector(spec, "DCGM_FI_DEV_GPU_UTIL", "dcgm")
+    saves = _by_node(src.range(f"sum by ({node}) (irate({sent}{pw})) > {c['save_write_bytes']}", "save phase"), node)
+    loads = _by_node(src.range(f"(sum by ({node}) (irate({received}{pw})) > {c['load_read_bytes']}) and on ({node}) "
+                               f"(avg by ({node}) ({util}) < {c['load_gpu_utilization']})", "load phase"), node)
     nvlink = selector(spec, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "dcgm")
     speed = _by_node(src.range(f"avg by ({node}) ({nvlink})", "NVLink traffic"), node)
-    saving = selector(spec, "gpunode_checkpoint_save_seconds_total", "gpunode")
-    clock = _by_node(src.range(f"max by ({node}) ({saving})", "checkpoint save clocks"), node)
     # Firing only: a pending alert has not held for its `for`, and on a small job's neighbours of
     # the culprit (which slow with it) one may begin and end within it.
     alerts: dict[pace.Key, np.ndarray] = {}
@@ -76,8 +79,16 @@ def build(src: Source, spec: dict[str, Any], start: float, end: float) -> dict[s
         key = pace.key(dict(k), node)
         alerts[key] = alerts[key] | ~np.isnan(v) if key in alerts else ~np.isnan(v)
     nan = np.full(src.size, np.nan, np.float64)
-    phase = {n: jobs.phases(write.get(n, nan), read.get(n, nan), util.get(n, nan), c["save_write_bytes"],
-                            c["load_read_bytes"], c["load_gpu_utilization"]) for n in {k[2] for k in presence}}
+    phase = {n: jobs.phases(~np.isnan(saves.get(n, nan)), ~np.isnan(loads.get(n, nan)))
+             for n in {k[2] for k in presence}}
+    # Saves and loads take a few samples in a hundred: the storage series and the save clocks are
+    # asked for around them only, from CLOCK_MARGIN samples before to as many after (the clocks'
+    # reach). A range query's value at a step reads the samples before that step alone.
+    margin = goodput.CLOCK_MARGIN
+    near = [slice(max(0, first - margin), min(src.size, last + margin + 1))
+            for first, last in jobs.runs(np.logical_or.reduce([p != 0 for p in phase.values()]), 2 * margin)]
+    saving = selector(spec, "gpunode_checkpoint_save_seconds_total", "gpunode")
+    clock = _by_node(src.range(f"max by ({node}) ({saving})", "checkpoint save clocks", near), node)
 
     remapped = selector(spec, "gpunode_gpu_remapped_rows_total", "gpunode", UNCORRECTABLE)
     hardware = failures.xids(src.range(selector(spec, "gpunode_xid_last_event_timestamp_seconds", "gpunode"),
@@ -153,12 +164,13 @@ def build(src: Source, spec: dict[str, Any], start: float, end: float) -> dict[s
         "mtbf": {"measured": measured, "abnormal_ends": ends, "node_hours": round(node_seconds / 3600, 1),
                  "seconds_per_node": per_node_mtbf,
                  "concentration": failures.concentration(hardware, len({k[2] for k in presence}))},
-        "storage": _storage(src, spec, phase),
+        "storage": _storage(src, spec, phase, near),
         "remediation": _remediation(src, spec, end - start, end),
     }
 
 
-def _storage(src: Source, spec: dict[str, Any], phase: dict[str, np.ndarray]) -> dict[str, Any]:
+def _storage(src: Source, spec: dict[str, Any], phase: dict[str, np.ndarray], near: list[slice]) -> dict[str, Any]:
+    """Over the samples each node spent saving or loading; near: spans of the grid that hold them all."""
     node, n = spec["labels"]["node"], spec["nfs"]
     pw = f"[{int(spec['checkpoint']['phase_window'])}s]"
     totals = {code: storage.Totals() for code in storage.PHASES}
@@ -167,7 +179,7 @@ def _storage(src: Source, spec: dict[str, Any], phase: dict[str, np.ndarray]) ->
                          ("rtt", "rtt_seconds_total"), ("execute", "execute_seconds_total")):
         rpc = selector(spec, f"gpunode_nfs_rpc_{metric}", "gpunode", NFS_OPS, spec["checkpoint"]["mounts"])
         query = f"sum by ({node}, op) (irate({rpc}{pw}))"
-        for part, chunk in src.chunks(query, f"NFS {what}"):
+        for part, chunk in src.chunks(query, f"NFS {what}", near):
             for labels, values in chunk.items():
                 d = dict(labels)
                 storage.accumulate(totals, phase.get(d.get(node, ""), none)[part], d.get("op", ""), what, values)
@@ -175,7 +187,7 @@ def _storage(src: Source, spec: dict[str, Any], phase: dict[str, np.ndarray]) ->
                                for m in ("in_flight_sum_total", "sends_total", "max_slots"))
     saturation = (f"sum by ({node}) (irate({in_flight}{pw})) / sum by ({node}) (irate({sends}{pw}))"
                   f" / max by ({node}) ({slots})")
-    for part, chunk in src.chunks(saturation, "NFS slots"):
+    for part, chunk in src.chunks(saturation, "NFS slots", near):
         for labels, values in chunk.items():
             p = phase.get(dict(labels).get(node, ""), none)[part]
             for code, t in totals.items():
@@ -185,7 +197,7 @@ def _storage(src: Source, spec: dict[str, Any], phase: dict[str, np.ndarray]) ->
         link = (f"max by ({node}) (irate({selector(spec, f'node_network_{direction}_bytes_total', 'node')}{pw})"
                 f" / on ({node}, device) group_left max by ({node}, device) "
                 f"({selector(spec, 'gpunode_network_link_speed_bytes', 'gpunode')}))")
-        for part, chunk in src.chunks(link, f"storage link {direction}"):
+        for part, chunk in src.chunks(link, f"storage link {direction}", near):
             for labels, values in chunk.items():
                 p = phase.get(dict(labels).get(node, ""), none)[part]
                 totals[code].link += values[(p == code) & ~np.isnan(values)].tolist()

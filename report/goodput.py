@@ -28,6 +28,7 @@ from report.jobs import Job, runs
 from report.pace import Episode
 
 LOAD_STARTS_WITHIN = 4  # samples: a load that begins later than this after the attempt's start is none
+CLOCK_MARGIN = 2  # samples read of a save clock either side of a save: no second of the save falls outside
 
 
 @dataclass
@@ -62,13 +63,12 @@ def attempt_time(phase: np.ndarray, first: int, step: float, load_gap: int, abno
 
 def time_saves(attempt: AttemptTime, clocks: list[np.ndarray]) -> None:
     """Each save's duration from the nodes' save clocks (their counter on the whole grid, NaN
-    where absent), where any node has one: the median over the nodes of its increase from two
-    samples before the save to two after (so no second of it falls outside), short of the saves
-    either side."""
+    where absent), where any node has one: the median over the nodes of its increase from
+    CLOCK_MARGIN samples before the save to as many after, short of the saves either side."""
     saves = attempt.saves
     for i, (first, last) in enumerate(saves):
-        lo = max(first - 2, saves[i - 1][1] + 1 if i else 0, 0)
-        hi = min(last + 2, saves[i + 1][0] - 1 if i + 1 < len(saves) else last + 2)
+        lo = max(first - CLOCK_MARGIN, saves[i - 1][1] + 1 if i else 0, 0)
+        hi = min(last + CLOCK_MARGIN, saves[i + 1][0] - 1 if i + 1 < len(saves) else last + CLOCK_MARGIN)
         rises = [r for c in clocks if (r := increase(c[lo:hi + 1])) is not None]
         if rises:
             attempt.save_seconds[i] = float(np.median(rises))

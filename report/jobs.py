@@ -90,14 +90,9 @@ def join(found: list[Attempt], restart_within: int) -> list[Job]:
     return jobs
 
 
-def phases(write: np.ndarray, read: np.ndarray, utilization: np.ndarray, save_bytes: float, load_bytes: float,
-           load_utilization: float) -> np.ndarray:
-    """A node's phase per sample as the rule pack records it (gpunode:checkpoint_phase:node): 1 save
-    (NFS writes over save_bytes/s), else 2 load (reads over load_bytes/s with its GPUs under
-    load_utilization %), else 0."""
-    with np.errstate(invalid="ignore"):
-        save = write > save_bytes
-        load = (read > load_bytes) & (utilization < load_utilization)
+def phases(save: np.ndarray, load: np.ndarray) -> np.ndarray:
+    """A node's phase per sample as the rule pack records it (gpunode:checkpoint_phase:node): 1
+    where it saves, else 2 where it loads, else 0 (build.py: the thresholds)."""
     return np.where(save, 1, np.where(load, 2, 0)).astype(np.int8)
 
 

@@ -8,11 +8,14 @@ import json
 import math
 import re
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import numpy as np
@@ -23,6 +26,9 @@ from common.config import ConfigError, seconds
 # ~60 nodes x 2,000 points parses into ~20 MB of Python objects, freed chunk by chunk.
 CHUNK_POINTS = 2000
 TIMEOUT = 300.0
+# Chunks asked at once: the server (its own process, on another CPU) answers the next while this
+# process parses one; each is held parsed until its turn, so memory grows with this.
+AHEAD = 2
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -85,7 +91,9 @@ class Source:
         self.size = max(0, int((end - self.start) // step) + 1)
         self.progress = progress
         self.queries = 0
-        self.seconds: dict[str, float] = {}  # per query (its `what`), time spent asking and parsing: where it goes
+        # per query (its `what`), time spent asking and parsing, AHEAD chunks at once: where it goes
+        self.seconds: dict[str, float] = {}
+        self._lock = threading.Lock()  # queries and seconds, counted from the threads that ask
 
     @property
     def times(self) -> np.ndarray:
@@ -93,7 +101,8 @@ class Source:
 
     def _get(self, path: str, params: dict[str, str]) -> object:
         url = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
-        self.queries += 1
+        with self._lock:
+            self.queries += 1
         try:
             with urllib.request.urlopen(url, timeout=TIMEOUT) as reply:
                 body = json.load(reply)
@@ -131,42 +140,59 @@ class Source:
                 print(f"warning: skipped a series of {query!r}: {err}", file=sys.stderr)
         return out
 
-    def chunks(self, query: str, what: str = "") -> Iterator[tuple[slice, dict[Labels, np.ndarray]]]:
-        """The query chunk by chunk: (the chunk's slice of the grid, each series' values on it, NaN
-        where it has no sample; float64: a timestamp needs its 53 bits)."""
-        count = max(1, math.ceil(self.size / CHUNK_POINTS))
-        for k in range(count):
-            part = slice(k * CHUNK_POINTS, min(self.size, (k + 1) * CHUNK_POINTS))
-            if self.progress:
-                self.progress(f"{what or query[:40]} {k + 1}/{count}")
-            began = time.monotonic()
-            data = self._get("/api/v1/query_range", {
-                "query": query, "start": f"{self.start + part.start * self.step:.3f}",
-                "end": f"{self.start + (part.stop - 1) * self.step:.3f}", "step": f"{self.step:g}"})
-            if not isinstance(data, dict) or data.get("resultType") != "matrix":
-                raise ReportError(f"{self.url} answered {query!r} with no matrix")
-            out: dict[Labels, np.ndarray] = {}
-            for series in data.get("result", []):
-                try:
-                    labels = tuple(sorted((str(k), str(v)) for k, v in series["metric"].items()))
-                    values = np.full(part.stop - part.start, np.nan, np.float64)
-                    pairs = series["values"]
-                    if pairs:
-                        stamps = np.array([pair[0] for pair in pairs], dtype=np.float64)
-                        at = np.rint((stamps - self.start) / self.step).astype(np.int64) - part.start
-                        inside = (at >= 0) & (at < values.size)
-                        values[at[inside]] = _numbers([pair[1] for pair in pairs])[inside]
-                    out[labels] = values
-                except (KeyError, TypeError, ValueError, IndexError) as err:  # a bad item costs that series
-                    print(f"warning: skipped a series of {query!r}: {err}", file=sys.stderr)
-            key = what or query
-            self.seconds[key] = self.seconds.get(key, 0.0) + time.monotonic() - began
-            yield part, out
+    def chunks(self, query: str, what: str = "", spans: list[slice] | None = None
+               ) -> Iterator[tuple[slice, dict[Labels, np.ndarray]]]:
+        """The query over `spans` of the grid (default: all of it), chunk by chunk, a span cut at
+        CHUNK_POINTS, AHEAD chunks asked at once and yielded in order: (the chunk's slice of the
+        grid, each series' values on it, NaN where it has no sample; float64: a timestamp needs
+        its 53 bits)."""
+        parts = [slice(first, min(span.stop, first + CHUNK_POINTS))
+                 for span in ([slice(0, self.size)] if spans is None else spans)
+                 for first in range(span.start, span.stop, CHUNK_POINTS)]
+        with ThreadPoolExecutor(AHEAD) as pool:
+            asked: deque[Future[dict[Labels, np.ndarray]]] = deque()
+            try:
+                for k, part in enumerate(parts):
+                    while len(asked) < AHEAD and k + len(asked) < len(parts):
+                        n = k + len(asked)
+                        if self.progress:
+                            self.progress(f"{what or query[:40]} {n + 1}/{len(parts)}")
+                        asked.append(pool.submit(self._chunk, query, what or query, parts[n]))
+                    yield part, asked.popleft().result()
+            finally:  # a chunk failed, or the caller stopped reading: the rest is not wanted
+                for future in asked:
+                    future.cancel()
 
-    def range(self, query: str, what: str = "") -> dict[Labels, np.ndarray]:
-        """Each series of the query over the whole grid (NaN where it has no sample)."""
+    def _chunk(self, query: str, what: str, part: slice) -> dict[Labels, np.ndarray]:
+        began = time.monotonic()
+        data = self._get("/api/v1/query_range", {
+            "query": query, "start": f"{self.start + part.start * self.step:.3f}",
+            "end": f"{self.start + (part.stop - 1) * self.step:.3f}", "step": f"{self.step:g}"})
+        if not isinstance(data, dict) or data.get("resultType") != "matrix":
+            raise ReportError(f"{self.url} answered {query!r} with no matrix")
         out: dict[Labels, np.ndarray] = {}
-        for part, chunk in self.chunks(query, what):
+        for series in data.get("result", []):
+            try:
+                labels = tuple(sorted((str(k), str(v)) for k, v in series["metric"].items()))
+                values = np.full(part.stop - part.start, np.nan, np.float64)
+                pairs = series["values"]
+                if pairs:
+                    stamps = np.array([pair[0] for pair in pairs], dtype=np.float64)
+                    at = np.rint((stamps - self.start) / self.step).astype(np.int64) - part.start
+                    inside = (at >= 0) & (at < values.size)
+                    values[at[inside]] = _numbers([pair[1] for pair in pairs])[inside]
+                out[labels] = values
+            except (KeyError, TypeError, ValueError, IndexError) as err:  # a bad item costs that series
+                print(f"warning: skipped a series of {query!r}: {err}", file=sys.stderr)
+        with self._lock:
+            self.seconds[what] = self.seconds.get(what, 0.0) + time.monotonic() - began
+        return out
+
+    def range(self, query: str, what: str = "", spans: list[slice] | None = None) -> dict[Labels, np.ndarray]:
+        """Each series of the query on the whole grid, asked over `spans` of it (default: all of
+        it); NaN where it has no sample or was not asked."""
+        out: dict[Labels, np.ndarray] = {}
+        for part, chunk in self.chunks(query, what, spans):
             for labels, values in chunk.items():
                 out.setdefault(labels, np.full(self.size, np.nan, np.float64))[part] = values
         return out

@@ -3,17 +3,22 @@ The report scored against simulated fleets on a real backend: tests/test_report_
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from report import failures, goodput, jobs, markdown, pace
-from report.source import ReportError, _number, _numbers, parse_time
+from report import failures, goodput, jobs, markdown, pace, source
+from report.source import ReportError, Source, _number, _numbers, parse_time
 
 NOW = 1_800_000_000.0
 
@@ -127,10 +132,10 @@ def test_phases_and_the_split_of_an_attempt() -> None:
     """An attempt that loads for 10 samples, saves twice (2 and 1 samples in the save phase:
     30 s and 0 s by the report's estimate) and fails 20 samples after its last save ends."""
     step, size = 30.0, 100
-    write, read, util = np.zeros(size), np.zeros(size), np.full(size, 99.0)
-    read[:10], util[:10] = 5e8, 3.0
-    write[[40, 41, 78]] = 7e8
-    phase = jobs.phases(write, read, util, 333e6, 33e6, 50)
+    save, load = np.zeros(size, bool), np.zeros(size, bool)
+    load[:10] = load[41] = True
+    save[[40, 41, 78]] = True
+    phase = jobs.phases(save, load)
     assert phase[:10].tolist() == [2] * 10 and phase[40:42].tolist() == [1, 1] and phase[10] == 0
     t = goodput.attempt_time(jobs.majority([phase, phase, np.zeros(size, np.int8)]), 1000, step, 4, True, [])
     assert (t.load, t.saves, t.save_seconds) == (300.0, [(1040, 1041), (1078, 1078)], [30.0, 0.0])
@@ -286,3 +291,53 @@ def test_an_unreachable_backend_is_one_line_and_exit_2(tmp_path) -> None:
     done = _report("--prometheus.url", "http://127.0.0.1:1", "--from=-1d", "--to=-2d", "--output", str(tmp_path))
     assert (done.returncode, done.stderr.strip()) == (2, "gpunode-exporter report: error: --from -1d is not before "
                                                          "--to -2d")
+
+
+@pytest.fixture
+def query_api() -> Iterator[tuple[str, list[tuple[float, float]]]]:
+    """A query API whose one series' value at each step is that step's time (the query `refuse`:
+    HTTP 422): its URL, and the (start, end) of each range asked."""
+    asked: list[tuple[float, float]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            params = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+            q = {k: float(params[k][0]) for k in ("start", "end", "step")}
+            asked.append((q["start"], q["end"]))
+            steps = np.arange(q["start"], q["end"] + q["step"] / 2, q["step"])
+            refused = params["query"] == ["refuse"]
+            body = json.dumps({"status": "error", "error": "no"} if refused else {
+                "status": "success", "data": {"resultType": "matrix", "result": [
+                    {"metric": {"instance": "n1"}, "values": [[t, repr(float(t))] for t in steps]}]}}).encode()
+            self.send_response(422 if refused else 200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_query_is_asked_over_its_spans_in_chunks_and_read_onto_the_grid(query_api, monkeypatch) -> None:
+    url, asked = query_api
+    monkeypatch.setattr(source, "CHUNK_POINTS", 4)
+    src = Source(url, NOW, NOW + 30 * 29, 30.0)
+    [(labels, values)] = src.range("q", spans=[slice(2, 3), slice(10, 19)]).items()
+    assert labels == (("instance", "n1"),) and src.queries == 4
+    assert sorted(asked) == [(NOW + 30 * a, NOW + 30 * b) for a, b in ((2, 2), (10, 13), (14, 17), (18, 18))]
+    inside = np.zeros(src.size, bool)
+    inside[[2, *range(10, 19)]] = True
+    assert np.array_equal(values[inside], src.times[inside]) and np.isnan(values[~inside]).all()
+    asked.clear()
+    assert [part for part, _chunk in src.chunks("q")] == [slice(k, min(30, k + 4)) for k in range(0, 30, 4)]
+    assert len(asked) == 8
+    with pytest.raises(ReportError, match=f"{url} refused 'refuse': HTTP 422: no"):
+        src.range("refuse")
