@@ -12,6 +12,7 @@ Two measurements in one run, in turn, so that a busy moment of the machine costs
   gpunode_scrape_collector_duration_seconds), the time spent inside the simulated NVML (which
   stands in for the driver's), process metrics, Renderer.chunks() and the gzip of the body.
 "HTTP and the rest" is the HTTP scrape's median less the in-process stages' medians summed.
+Then each collector alone, as many times: its user and kernel CPU per collection.
 
 Results: benchmarks/results/scrape_profile.json.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -112,6 +114,19 @@ class InProcess:
         self.stages["gzip"].append(t4 - t3)
         self.stages["in-process total"].append(t4 - t0)
 
+    def cpu_split(self, rounds: int) -> dict[str, dict[str, float]]:
+        """Each collector alone, `rounds` times: its user and kernel (system) CPU per collection, ms.
+        Kernel time (listing /proc, opening sysfs files) is what no Python code can cut."""
+        split = {}
+        for collector in self.scraper.collectors:
+            before = os.times()
+            for _ in range(rounds):
+                list(collector.collect())
+            after = os.times()
+            split[collector.name] = {"user_ms": (after.user - before.user) / rounds * 1000,
+                                     "system_ms": (after.system - before.system) / rounds * 1000}
+        return split
+
     def close(self) -> None:
         self.scraper.close(wait=True)
 
@@ -155,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                     inproc.scrape(keep=i >= WARMUP)
                 for conn in conns.values():
                     conn.close()
+                cpu = inproc.cpu_split(args.scrapes)
             finally:
                 inproc.close()
                 for server in servers:
@@ -167,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"scrapes": args.scrapes, "git": git_commit(ROOT), "machine": machine_info(),
               "http_p50_ms": {"ours": ours, "node_exporter": node_exporter},
               "ratio_to_node_exporter": ours / node_exporter,
-              "in_process_total_p50_ms": summed, "stages_p50_ms": rows}
+              "in_process_total_p50_ms": summed, "stages_p50_ms": rows, "collector_cpu_ms": cpu}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"full gzip scrape over a kept-alive connection, p50 of {args.scrapes}:")
     print(f"  gpunode-exporter  {ours:6.2f} ms")
@@ -177,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         share = ms / ours * 100
         note = "  (part of collector gpu)" if name == "inside the simulated NVML" else ""
         print(f"  {name:<32} {ms:6.3f} ms  {share:5.1f} %{note}")
+    print(f"each collector alone, CPU per collection (mean of {args.scrapes}):")
+    for name, split in cpu.items():
+        print(f"  {name:<18} user {split['user_ms']:6.3f} ms   system {split['system_ms']:6.3f} ms")
     return 0
 
 
