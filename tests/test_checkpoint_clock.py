@@ -94,7 +94,10 @@ def test_the_collector_counts_a_save_and_reports_an_unreadable_mountstats(tmp_pa
     c = collector(tmp_path)
     try:
         c.sample()
-        stats.write_text(text.replace("WRITE: 4 4 0 2098144", "WRITE: 9 9 0 92098144", 1))
+        # replaced whole, as the kernel serves it: the collector's own thread may read at any time
+        fresh = tmp_path / "mountstats.new"
+        fresh.write_text(text.replace("WRITE: 4 4 0 2098144", "WRITE: 9 9 0 92098144", 1))
+        fresh.replace(stats)
         c.sample()
         got = collect_samples(c)
         assert got["gpunode_checkpoint_saves_total"][()] == 1
