@@ -35,7 +35,7 @@ from tests.helpers import free_port, wait_for_port
 
 NODES = [f"127.0.0.{11 + i}" for i in range(6)]
 PRECURSOR, REMAP = NODES[2], NODES[5]
-SPEC = {"intervals": {"default": 2, "rates": 2}, "precursor": {"continuity": 6, "rate_window": 8},
+SPEC = {"intervals": {"default": 2, "rates": 2, "hardware": 2}, "precursor": {"continuity": 6, "rate_window": 8},
         "peers": {"workload_fresh": 10, "kubernetes_owner": False}, "remap": {"pending_for": 4}}
 FEDERATE = ['{__name__=~"gpunode:.+"}', '{__name__="gpunode_node_workload_info"}', '{__name__="node_out_of_service"}']
 EXPECTED = {("GpuNodePrecursorMultiSignal", PRECURSOR), ("GpuRowRemapPending", REMAP)}
