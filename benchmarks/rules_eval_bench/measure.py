@@ -150,6 +150,13 @@ def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recor
             r = backend.query(f'sum(count_over_time({{__name__="{name}"}}[{int(p["span_s"] + 7200)}s]))')
             visible[name] = float(r[0]["value"][1]) if r else 0.0
     backfill["samples_visible_at_measure_start"] = visible
+    # Those queries read up to weeks of history: the evaluations that ran beside them end, and
+    # every group starts one after them, before any is measured (in earlier runs the first
+    # measured evaluation of a few groups took up to 10 times their others).
+    settled = time.monotonic() + args.eval_interval
+    while time.monotonic() < settled:
+        backend.poll(record=False)
+        time.sleep(POLL_SECONDS)
 
     print(f"  {backend.label}: measuring {args.measure:g} s", flush=True)
     counters0, cpu0, wall0 = backend.counters(), backend.cpu(), time.monotonic()
