@@ -73,6 +73,15 @@ def alone(backend: Backend, repeats: int = ALONE_REPEATS) -> dict[str, dict[str,
     return out
 
 
+def poll_until(backend: Backend, end: float, record: bool) -> None:
+    """Poll the backend's evaluations until time.monotonic() reaches end, its processes checked alive."""
+    while time.monotonic() < end:
+        for p in backend.procs:
+            p.check_running()
+        backend.poll(record=record)
+        time.sleep(POLL_SECONDS)
+
+
 def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recorded: dict[str, float],
                 recorded_from: dict[str, float],
                 args: argparse.Namespace) -> dict[str, Any]:
@@ -153,20 +162,12 @@ def run_backend(backend: Backend, gen: Generator, reads: dict[str, float], recor
     # Those queries read up to weeks of history: the evaluations that ran beside them end, and
     # every group starts one after them, before any is measured (in earlier runs the first
     # measured evaluation of a few groups took up to 10 times their others).
-    settled = time.monotonic() + args.eval_interval
-    while time.monotonic() < settled:
-        backend.poll(record=False)
-        time.sleep(POLL_SECONDS)
+    poll_until(backend, time.monotonic() + args.eval_interval, record=False)
 
     print(f"  {backend.label}: measuring {args.measure:g} s", flush=True)
     counters0, cpu0, wall0 = backend.counters(), backend.cpu(), time.monotonic()
     backend.poll(record=False)
-    end = time.monotonic() + args.measure
-    while time.monotonic() < end:
-        for p in backend.procs:
-            p.check_running()
-        backend.poll(record=True)
-        time.sleep(POLL_SECONDS)
+    poll_until(backend, time.monotonic() + args.measure, record=True)
     backend.poll(record=True)
     counters1, cpu1, wall1 = backend.counters(), backend.cpu(), time.monotonic()
     out["cpu_cores"] = {k: round((cpu1[k] - cpu0[k]) / (wall1 - wall0), 3) for k in cpu1}

@@ -37,7 +37,7 @@ NFS_ACTIVE["OTHER"] = tuple(sum(rates[m] for op, rates in NFS_ACTIVE.items() if 
                             for m in (0, 1))  # type: ignore[assignment]
 NFS_BYTES = {"READ": (200, 1 << 20), "WRITE": (1 << 20, 200)}  # (sent, received) bytes per op; others ~200/120
 GPU_BUS = ("1B", "43", "52", "61", "9D", "C3", "D1", "DF")  # a DGX H100's GPU PCI buses
-COLLECTORS = ("gpu", "nfs", "xid", "staging", "storage_network", "gpu_processes")
+COLLECTORS = ("gpu", "nfs", "xid", "staging", "storage_network", "gpu_processes", "checkpoint")
 NET_DEVICES = ("lo", "eno1", "enp64s0np0", *(f"ibp{i}s0" for i in range(8)), "docker0", "veth1a2b3c", "veth4d5e6f")
 IB_PORTS = tuple(f"mlx5_{i}" for i in range(10))  # 0-7 compute fabric, 8-9 storage (RoCE)
 RDMA_COUNTERS = ("ecn_marked_packets", "cnp_sent", "cnp_handled", "cnp_ignored", "out_of_sequence_packets",
@@ -389,6 +389,10 @@ class Fleet:
             self.const("gpunode_gpu_process_unreadable", "gauge", f'{{{base},file="{f}"}}', 0)
         self.wave("gpunode_staging_used_bytes", f'{{{base},path="/mnt/staging"}}', 2e11, 1e11, integer=True)
         self.const("gpunode_staging_size_bytes", "gauge", f'{{{base},path="/mnt/staging"}}', 1.6e12)
+        # The checkpoint clock: a second a second while the node saves, a save each CHECKPOINT period.
+        self.phased("gpunode_checkpoint_save_seconds_total", lab, 0.0, 0.0, 1.0, integer=False)
+        self.steps("gpunode_checkpoint_saves_total", lab, 0.0, CHECKPOINT[0], CHECKPOINT[2])
+        self.counter("gpunode_checkpoint_samples_total", lab, 0.0, 1.0, wobble=0)
 
     def _mount(self, base: str, mountpoint: str, export: str, addr: str, dev: str, nconnect: int, m: int,
                roles: set[str], precursor: set[str], jitter: float) -> None:
