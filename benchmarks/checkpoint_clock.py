@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             for server in servers:
                 server.start()
             try:
-                times, _fresh, series = measure(servers, targets, args.scrapes)
+                times, _fresh, series, _cpu = measure(servers, targets, args.scrapes)
                 before = {s.key: s.cpu_seconds() for s in servers}
                 time.sleep(args.idle)
                 idle = {s.key: (s.cpu_seconds() - before[s.key]) / args.idle for s in servers}

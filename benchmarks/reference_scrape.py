@@ -14,6 +14,9 @@ from one client port), then again with a new connection for each scrape:
 - dcgm-sized: node_exporter's textfile collector alone, serving as many GPU series as
   dcgm-exporter's default field list gives for 8 GPUs (the cost of serving that much text).
 
+Besides each scrape's time, each server's CPU (user + system of all its threads) per kept-alive
+scrape: what a scrape costs the node, where the time is what Prometheus waits.
+
 Targets: ours under 5 ms at the median over a kept-alive connection; ours at most 40 MiB at its peak
 (VmHWM) with TLS and basic auth off and on. Results: benchmarks/results/reference_scrape.json.
 """
@@ -128,8 +131,10 @@ def wait_scrapable(servers: list[ServerProcess], targets: dict[str, Target]) -> 
 
 
 def measure(servers: list[ServerProcess], targets: dict[str, Target], scrapes: int
-             ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, int]]:
-    """Kept-alive scrapes of each server in turn, then as many on a new connection each."""
+             ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, int], dict[str, float]]:
+    """Kept-alive scrapes of each server in turn, then as many on a new connection each; and each
+    server's CPU (user + system, all its threads) per kept-alive scrape: what a scrape costs the node,
+    where the time is what Prometheus waits."""
     wait_scrapable(servers, targets)
     for _ in range(20):  # warm up: the first scrapes check every process for GPU use
         for server in servers:
@@ -138,16 +143,18 @@ def measure(servers: list[ServerProcess], targets: dict[str, Target], scrapes: i
     times: dict[str, list[float]] = {s.key: [] for s in servers}
     fresh: dict[str, list[float]] = {s.key: [] for s in servers}
     series: dict[str, int] = {}
+    cpu = {s.key: s.cpu_seconds() for s in servers}
     for _ in range(scrapes):
         for server in servers:  # in turn, so a busy moment of the machine costs each alike
             seconds, series[server.key] = _get(conns[server.key], targets[server.key], close=False)
             times[server.key].append(seconds)
+    cpu = {s.key: (s.cpu_seconds() - cpu[s.key]) / scrapes for s in servers}
     for _ in range(scrapes):
         for server in servers:
             fresh[server.key].append(_scrape(targets[server.key])[0])
     for conn in conns.values():
         conn.close()
-    return times, fresh, series
+    return times, fresh, series, cpu
 
 
 def _tls_and_basic_auth(directory: Path) -> tuple[Path, Target]:
@@ -199,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             for server in servers:
                 server.start()
             try:
-                times, fresh, series = measure(servers, targets, args.scrapes)
+                times, fresh, series, cpu = measure(servers, targets, args.scrapes)
                 memory = {s.key: s.memory_kib() for s in servers}
             finally:
                 for server in servers:
@@ -208,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         "scrapes": args.scrapes, "target_p50_seconds": TARGET_P50_SECONDS, "target_peak_mib": TARGET_PEAK_MIB,
         "git": git_commit(ROOT),
         "servers": {s.key: {"label": s.label, "series": series[s.key], **_stats(times[s.key]),
+                            "cpu_seconds_per_scrape": cpu[s.key],
                             "new_connection": _stats(fresh[s.key]), "peak_rss_mib": memory[s.key]["VmHWM"] / 1024,
                             "rss_mib": memory[s.key]["VmRSS"] / 1024} for s in servers},
     }
@@ -218,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
             t = r if how.startswith("kept") else r["new_connection"]
             print(f"  {r['label']:<52} {r['series']:>6} series  p50 {t['p50_seconds'] * 1000:6.2f} ms  "
                   f"p90 {t['p90_seconds'] * 1000:6.2f} ms  p99 {t['p99_seconds'] * 1000:6.2f} ms")
+    print("CPU per kept-alive scrape (user + system):")
+    for r in result["servers"].values():
+        print(f"  {r['label']:<52} {r['cpu_seconds_per_scrape'] * 1000:6.2f} ms")
     for r in result["servers"].values():
         print(f"  {r['label']:<52} peak RSS (VmHWM) {r['peak_rss_mib']:5.1f} MiB  at the end {r['rss_mib']:5.1f} MiB")
     ours = result["servers"]["ours"]["p50_seconds"]

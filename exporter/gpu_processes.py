@@ -21,10 +21,11 @@ again when it disappears: the parent's own counter now holds it.
 PIDs are recognised by (pid, start time), so a reused PID is a new process.
 I/O between a process's last scrape and its exit is not seen (no eBPF here).
 
-psutil reads a GPU process's identity and io: one psutil.Process per GPU process, kept while it
-lives. A process's start time and parent, when first seen, are read here from its stat:
-psutil's create_time() reads <procfs>/stat for the boot time, which costs milliseconds on a
-node with thousands of interrupts, and its ppid() reads stat twice more.
+psutil reads a GPU process's io: one psutil.Process per GPU process, kept while it lives. A
+process's start time and parent are read here from its stat, when first seen and, for a GPU
+process, at each scan to tell it is still the same: psutil's create_time() reads <procfs>/stat
+for the boot time, which costs milliseconds on a node with thousands of interrupts, its ppid()
+reads stat twice more, and its is_running() builds a new Process.
 
 A GPU process's device minors (N of /dev/nvidiaN) and its workload identity (cgroup,
 allow-listed environment: exporter/workload.py) are read once, when it is classified.
@@ -111,6 +112,7 @@ class ProcessTracker:
             self._own_pid = None
         self._names: set[str] = set()  # the last listing of procfs
         self._pids: set[int] = set()  # the PIDs in it
+        self._unchecked: set[int] = set()  # listed but not checked yet: new, or the budget ran out
         self._scans = 0
         self.parse_errors = 0  # stat or io files not in the kernel's format, on every read that saw one
 
@@ -122,20 +124,23 @@ class ProcessTracker:
         # The first scan checks everything (~0.3 ms a process): counts are right from the start.
         self._scans += 1
         deadline = time.perf_counter() + (self.check_budget if self._scans > 1 else float("inf"))
-        pids = self._listed_pids()
-        for pid in sorted(self._procs.keys() - pids):
+        pids, gone = self._listed_pids()
+        for pid in sorted(gone & self._procs.keys()):
             self._retire(pid, pids)
         for pid, proc in list(self._gpu.items()):  # GPU processes: still the same process?
             if not self._running(pid, proc):  # exited, or PID reused
                 self._retire(pid, pids - {pid})
+                if pid in pids:
+                    self._unchecked.add(pid)  # reused: a new process to check
         # New processes, newest PIDs first (trainers rather than daemons), then young ones whose
         # fds changed; at least one check per scrape, so a tiny budget still makes progress.
         checked = 0
-        for pid in sorted(pids - self._procs.keys(), reverse=True):
+        for pid in sorted(self._unchecked, reverse=True):
             if checked and time.perf_counter() > deadline:
                 break
             stat = self._stat(pid)
             if stat is not None:
+                self._unchecked.discard(pid)
                 proc = self._procs[pid] = self._young[pid] = _Process(stat.start_ticks, stat.ppid)
                 self._classify(pid, proc)
                 checked += 1
@@ -163,23 +168,24 @@ class ProcessTracker:
         return Snapshot(processes=len(live), totals=totals,
                         fds_denied=len(self._fds_denied),
                         io_denied=sum(p.io_denied for _, p in live),
-                        pending=len(pids - self._procs.keys()),
+                        pending=len(self._unchecked),
                         holders=tuple((p.minors, p.identity) for _, p in live),
                         identity_denied=denied, parse_errors=self.parse_errors)
 
-    def _listed_pids(self) -> set[int]:
-        """The PIDs in procfs but our own, kept up to date from what the listing adds and drops
-        (int() of each of 2,000 names at every scrape cost a quarter of the scan)."""
+    def _listed_pids(self) -> tuple[set[int], set[int]]:
+        """The PIDs in procfs but our own, and those gone since the last listing: kept up to date
+        from what the listing adds and drops (int() of each of 2,000 names at every scrape cost a
+        quarter of the scan, and so did comparing every PID with those known, twice)."""
         names = set(os.listdir(self._root))
-        for name in self._names - names:
-            if name.isdigit() and name.isascii():
-                self._pids.discard(int(name))
-        for name in names - self._names:
-            if name.isdigit() and name.isascii():
-                self._pids.add(int(name))
+        gone = {int(name) for name in self._names - names if name.isdigit() and name.isascii()}
+        new = {int(name) for name in names - self._names if name.isdigit() and name.isascii()}
         self._names = names
-        self._pids.discard(self._own_pid)  # type: ignore[arg-type]
-        return self._pids
+        new.discard(self._own_pid)  # type: ignore[arg-type]
+        self._pids -= gone
+        self._pids |= new
+        self._unchecked -= gone
+        self._unchecked |= new
+        return self._pids, gone
 
     def _retire(self, pid: int, alive: set[int]) -> None:
         proc = self._procs.pop(pid)
@@ -251,10 +257,11 @@ class ProcessTracker:
         return self._from_stat(pid, lambda: psutil.Process(pid), None)
 
     def _running(self, pid: int, proc: _Process) -> bool:
-        """Whether the GPU process is still the one classified: psutil reads stat again and compares
-        the start time (a stat we may not read counts as gone, as it does for is_running())."""
-        handle = proc.handle
-        return handle is not None and self._from_stat(pid, handle.is_running, False)
+        """Whether the GPU process is still the one classified: its stat read again has the same start
+        time (a stat we may not read counts as gone, as psutil's is_running() has it, at a fifth of
+        its cost: psutil builds a new Process to compare)."""
+        stat = self._stat(pid)
+        return stat is not None and stat.start_ticks == proc.start_ticks
 
     def _from_stat(self, pid: int, read: Callable[[], _T], gone: _T) -> _T:
         """What psutil reads from stat, or `gone` for a process that went or a stat no kernel wrote."""

@@ -50,7 +50,32 @@ from .report import machine, short, table
 from .synthetic import NFS_OPS, Fleet, Recordings
 
 RESULTS = BENCHMARKS / "results" / "rules_eval.json"
-TARGET_SECONDS = 1.0  # the target: every group under 1 s per evaluation
+TARGET_SECONDS = 1.0  # the strict target: every group under 1 s at every evaluation
+# The limits the pack is held to at 1,000 nodes x 8 GPUs: every group under 1 s at p50; at its
+# maximum under 2 s on Prometheus (its whole server stalls now and then), under 1 s on vmalert.
+LIMIT_P50_SECONDS = 1.0
+LIMIT_MAX_SECONDS = {"prometheus": 2.0, "victoriametrics": 1.0}
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The strict target, then the scaling limits, each with the groups over it."""
+    over: list[str] = []
+    limits: list[str] = []
+    for name, b in results["backends"].items():
+        for key, g in b["groups"].items():
+            if not g.get("evaluations"):
+                continue
+            if g["max_s"] >= TARGET_SECONDS:
+                over.append(f"{name} {key}: max {g['max_s']:.2f} s")
+            if g["p50_s"] >= LIMIT_P50_SECONDS:
+                limits.append(f"{name} {key}: p50 {g['p50_s']:.2f} s")
+            if g["max_s"] >= LIMIT_MAX_SECONDS[name]:
+                limits.append(f"{name} {key}: max {g['max_s']:.2f} s")
+    maxima = ", ".join(f"{seconds:g} s on {name}" for name, seconds in LIMIT_MAX_SECONDS.items())
+    return [{"target": f"every group < {TARGET_SECONDS:g} s per evaluation (max over the measurement)",
+             "over": over, "pass": not over},
+            {"target": f"every group < {LIMIT_P50_SECONDS:g} s at p50, and at its max < {maxima}",
+             "over": limits, "pass": not limits}]
 
 
 def main(argv: list[str] | None = None, description: str = "") -> int:
@@ -217,13 +242,7 @@ def main(argv: list[str] | None = None, description: str = "") -> int:
     end_of_run(results, start_t, cpu_before, ROOT)
     results["rules_changed_during_run"] = rules_end != results["rules_sha256"]
 
-    over = []
-    for name, b in results["backends"].items():
-        for key, g in b["groups"].items():
-            if g.get("evaluations") and g["max_s"] >= TARGET_SECONDS:
-                over.append(f"{name} {key}: max {g['max_s']:.2f} s")
-    results["targets"] = [{"target": f"every group < {TARGET_SECONDS:g} s per evaluation (max over the measurement)",
-                           "over": over, "pass": not over}]
+    results["targets"] = targets(results)
     print()
     for line in table(results):
         print(line)
@@ -237,7 +256,9 @@ def main(argv: list[str] | None = None, description: str = "") -> int:
             if g.get("rules_slowest"):
                 top = next(iter(g["rules_slowest"].items()))
                 print(f"{b['label']}: slowest rule of {short(key)}: {top[0]} p50 {top[1]['p50_s'] * 1000:.1f} ms")
-    print(f"\ntarget (every group < {TARGET_SECONDS:g} s): {'PASS' if not over else 'MISS: ' + '; '.join(over)}")
+    print()
+    for t in results["targets"]:
+        print(f"target ({t['target']}): {'PASS' if t['pass'] else 'MISS: ' + '; '.join(t['over'])}")
     if results["rules_changed_during_run"]:
         print("WARNING: rules/ changed during the run; the figures are for the files as they were at each backend's "
               "start.")

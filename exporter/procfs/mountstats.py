@@ -36,6 +36,7 @@ _SIGNED = {protocol: frozenset({names.index("idle_time")}) for protocol, names i
            if "idle_time" in names}
 # Every kernel prints each transport's fields up to bklog_u; a shorter line is malformed.
 _LAST_REQUIRED = "bklog_u"
+_REQUIRED = {protocol: names.index(_LAST_REQUIRED) + 1 for protocol, names in TRANSPORT_FIELDS.items()}
 
 _DEVICE_RE = re.compile(
     r"^device (?P<device>\S+) mounted on (?P<mountpoint>\S+) with fstype (?P<fstype>\S+)"
@@ -168,16 +169,16 @@ def parse_transport(rest: str) -> Transport:
     parts = rest.split()
     if not parts:
         raise MountStatsError("empty xprt line")
-    protocol = parts[0]
+    protocol, fields = parts[0], parts[1:]
     names = TRANSPORT_FIELDS.get(protocol)
     if names is None:
         raise MountStatsError(f"unknown transport {protocol!r}")
-    fields = rest[len(protocol) + rest.index(protocol):]
-    if _U64_FIELDS.fullmatch(fields) and all(len(f) < 19 for f in parts):  # below 10**18: every type fits
-        nums = list(map(int, parts[1:]))
+    digits = "".join(fields)  # checked at once: ASCII digits only, each below 10**18 (every type fits)
+    if digits.isdigit() and digits.isascii() and max(map(len, fields)) < 19:
+        nums = list(map(int, fields))
     else:  # a '-' (the signed idle_time), or a number to check field by field
-        nums = _ints(parts[1:], f"xprt {protocol}", _SIGNED.get(protocol, frozenset()))
-    required = names.index(_LAST_REQUIRED) + 1
+        nums = _ints(fields, f"xprt {protocol}", _SIGNED.get(protocol, frozenset()))
+    required = _REQUIRED[protocol]
     if len(nums) < required:
         raise MountStatsError(f"xprt {protocol}: {len(nums)} numbers, want at least {required}")
     return Transport(protocol, dict(zip(names, nums, strict=False)))
