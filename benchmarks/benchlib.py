@@ -148,6 +148,7 @@ class ServerProcess:
     argv: list[str]
     port: int
     log: Path
+    cwd: Path | None = None  # where it starts: `python -m exporter` there runs that checkout's code
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     started: float = field(default=0.0, init=False)  # time.monotonic() at start()
     latencies: dict[str, list[float]] = field(default_factory=dict, init=False)  # round -> seconds
@@ -161,7 +162,7 @@ class ServerProcess:
         self.started = time.monotonic()
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
+                                         stderr=subprocess.STDOUT, preexec_fn=preexec_fn, cwd=self.cwd)
 
     def check_running(self) -> None:
         """BenchError with the end of its log if it has exited."""

@@ -14,6 +14,10 @@ from one client port), then again with a new connection for each scrape:
 - dcgm-sized: node_exporter's textfile collector alone, serving as many GPU series as
   dcgm-exporter's default field list gives for 8 GPUs (the cost of serving that much text).
 
+With `--baseline DIR` (another checkout, say `git worktree add DIR COMMIT`), that checkout's
+exporter serves the same reference node too, scraped in the same turns: a change measured against
+what it changed, side by side.
+
 Besides each scrape's time, each server's CPU (user + system of all its threads) per kept-alive
 scrape: what a scrape costs the node, where the time is what Prometheus waits.
 
@@ -173,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scrapes", type=int, default=500)
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--baseline", type=Path, metavar="DIR",
+                   help="another checkout whose exporter serves the same node, scraped in the same turns")
     args = p.parse_args(argv)
+    if args.baseline and not (args.baseline / "exporter" / "__main__.py").is_file():
+        p.error(f"--baseline {args.baseline}: no exporter/__main__.py there")
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
         flags = write_reference_node(tmpdir / "node")
@@ -199,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
                                 f"--collector.textfile.directory={tmpdir / 'textfile'}",
                                 f"--web.listen-address=127.0.0.1:{ports[2]}"]),
         ]
+        if args.baseline:
+            port = free_port()
+            servers.insert(1, ServerProcess(
+                key="baseline", label=f"the same at {git_commit(args.baseline)['head'][:7] or args.baseline}",
+                port=port, log=tmpdir / "baseline.log", cwd=args.baseline.resolve(),
+                argv=[sys.executable, "-m", "exporter", *flags, "--web.listen-address", f"127.0.0.1:{port}"]))
         targets = {s.key: Target(s.url) for s in servers}
         tls_target.port = ports[3]
         targets["ours_tls"] = tls_target
@@ -213,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                     server.stop()
     result = {
         "scrapes": args.scrapes, "target_p50_seconds": TARGET_P50_SECONDS, "target_peak_mib": TARGET_PEAK_MIB,
-        "git": git_commit(ROOT),
+        "git": git_commit(ROOT), "baseline_git": git_commit(args.baseline) if args.baseline else None,
         "servers": {s.key: {"label": s.label, "series": series[s.key], **_stats(times[s.key]),
                             "cpu_seconds_per_scrape": cpu[s.key],
                             "new_connection": _stats(fresh[s.key]), "peak_rss_mib": memory[s.key]["VmHWM"] / 1024,
@@ -231,6 +245,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {r['label']:<52} {r['cpu_seconds_per_scrape'] * 1000:6.2f} ms")
     for r in result["servers"].values():
         print(f"  {r['label']:<52} peak RSS (VmHWM) {r['peak_rss_mib']:5.1f} MiB  at the end {r['rss_mib']:5.1f} MiB")
+    node = result["servers"]["node"]
+    for key in ("ours", "baseline"):
+        if key in result["servers"]:
+            r = result["servers"][key]
+            print(f"{r['label']} / node_exporter: time (p50, kept alive) "
+                  f"{r['p50_seconds'] / node['p50_seconds']:.2f}x, CPU per scrape "
+                  f"{r['cpu_seconds_per_scrape'] / node['cpu_seconds_per_scrape']:.2f}x")
     ours = result["servers"]["ours"]["p50_seconds"]
     print(f"target: ours p50 < {TARGET_P50_SECONDS * 1000:.0f} ms: {'PASS' if ours < TARGET_P50_SECONDS else 'FAIL'}")
     for key in ("ours", "ours_tls"):
