@@ -10,6 +10,7 @@ also reads the GPU processes (exporter/gpu_processes.py).
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 from collections.abc import Callable, Iterator
 
@@ -28,6 +29,10 @@ PROCESS_METRICS = (CPU, RESIDENT, VIRTUAL, START, OPEN_FDS, MAX_FDS)
 _TICKS = os.sysconf("SC_CLK_TCK")
 # glibc keeps the memory a scrape freed for later use; malloc_trim gives its free pages back.
 _MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)
+# Not after every scrape: the next one faults the pages back in (on the reference node 50 page
+# faults and 0.4 ms of CPU a scrape, 4 %); every 10th keeps the peak within 0.5 MiB of that.
+TRIM_EVERY = 10
+_scrapes = itertools.count(1)
 
 
 def _own() -> psutil.Process | None:
@@ -83,7 +88,10 @@ def collect() -> Iterator[Family]:
             yield family
 
 
-def release_memory() -> None:
-    """After a scrape: return the free pages of the C heap to the system (glibc; elsewhere nothing)."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
+def release_memory() -> bool:
+    """After a scrape: every TRIM_EVERY-th, return the free pages of the C heap to the system
+    (glibc; elsewhere nothing). True when it did."""
+    if _MALLOC_TRIM is None or next(_scrapes) % TRIM_EVERY:
+        return False
+    _MALLOC_TRIM(0)
+    return True

@@ -50,5 +50,7 @@ def test_read_from_proc_whatever_procfs_psutil_reads(tmp_path: Path, monkeypatch
     _close(_ours(), theirs)
 
 
-def test_release_memory_runs() -> None:
-    process.release_memory()
+def test_release_memory_trims_one_scrape_in_trim_every() -> None:
+    # A trim after every scrape had the next one fault the freed pages back in.
+    trimmed = [process.release_memory() for _ in range(3 * process.TRIM_EVERY)]
+    assert sum(trimmed) == (3 if process._MALLOC_TRIM is not None else 0)
