@@ -6,7 +6,8 @@ exporter's own process metrics, rendering the text, gzip, and HTTP; beside node_
 
 Two measurements in one run, in turn, so that a busy moment of the machine costs each alike:
 - over HTTP, as reference_scrape.py: our exporter and node_exporter (its defaults, this machine),
-  each scraped with gzip over a kept-alive connection, from request to the body's last byte;
+  each scraped with gzip over a kept-alive connection, from request to the body's last byte, and
+  each server's CPU (user + system, all threads) per scrape;
 - in this process, the same code the server runs on the same reference node (reference_node.py),
   stage by stage: Scraper.collect() with each collector's own duration (the exporter's
   gpunode_scrape_collector_duration_seconds), the time spent inside the simulated NVML (which
@@ -162,15 +163,19 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 wait_scrapable(servers, targets)
                 conns = {s.key: targets[s.key].connect() for s in servers}
+                cpu: dict[str, float] = {}
                 for i in range(WARMUP + args.scrapes):
+                    if i == WARMUP:
+                        cpu = {s.key: s.cpu_seconds() for s in servers}
                     for server in servers:
                         seconds, _ = _get(conns[server.key], targets[server.key], close=False)
                         if i >= WARMUP:
                             http[server.key].append(seconds)
                     inproc.scrape(keep=i >= WARMUP)
+                cpu = {s.key: (s.cpu_seconds() - cpu[s.key]) / args.scrapes * 1000 for s in servers}
                 for conn in conns.values():
                     conn.close()
-                cpu = inproc.cpu_split(args.scrapes)
+                split = inproc.cpu_split(args.scrapes)
             finally:
                 inproc.close()
                 for server in servers:
@@ -183,19 +188,23 @@ def main(argv: list[str] | None = None) -> int:
     result = {"scrapes": args.scrapes, "git": git_commit(ROOT), "machine": machine_info(),
               "http_p50_ms": {"ours": ours, "node_exporter": node_exporter},
               "ratio_to_node_exporter": ours / node_exporter,
-              "in_process_total_p50_ms": summed, "stages_p50_ms": rows, "collector_cpu_ms": cpu}
+              "cpu_per_scrape_ms": cpu, "cpu_ratio_to_node_exporter": cpu["ours"] / cpu["node"],
+              "in_process_total_p50_ms": summed, "stages_p50_ms": rows, "collector_cpu_ms": split}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"full gzip scrape over a kept-alive connection, p50 of {args.scrapes}:")
     print(f"  gpunode-exporter  {ours:6.2f} ms")
     print(f"  node_exporter     {node_exporter:6.2f} ms   ours / node_exporter = {ours / node_exporter:.2f}x")
+    print("CPU per scrape (user + system, all threads):")
+    print(f"  gpunode-exporter  {cpu['ours']:6.2f} ms")
+    print(f"  node_exporter     {cpu['node']:6.2f} ms   ours / node_exporter = {cpu['ours'] / cpu['node']:.2f}x")
     print(f"ours, stage by stage (medians; in-process total {summed:.2f} ms):")
     for name, ms in rows.items():
         share = ms / ours * 100
         note = "  (part of collector gpu)" if name == "inside the simulated NVML" else ""
         print(f"  {name:<32} {ms:6.3f} ms  {share:5.1f} %{note}")
     print(f"each collector alone, CPU per collection (mean of {args.scrapes}):")
-    for name, split in cpu.items():
-        print(f"  {name:<18} user {split['user_ms']:6.3f} ms   system {split['system_ms']:6.3f} ms")
+    for name, times in split.items():
+        print(f"  {name:<18} user {times['user_ms']:6.3f} ms   system {times['system_ms']:6.3f} ms")
     return 0
 
 
