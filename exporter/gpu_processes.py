@@ -258,8 +258,8 @@ class ProcessTracker:
 
     def _running(self, pid: int, proc: _Process) -> bool:
         """Whether the GPU process is still the one classified: its stat read again has the same start
-        time (a stat we may not read counts as gone, as psutil's is_running() has it, at a fifth of
-        its cost: psutil builds a new Process to compare)."""
+        time. A stat we may not read counts as gone, as for psutil's is_running(), which costs more:
+        it builds a new Process to compare."""
         stat = self._stat(pid)
         return stat is not None and stat.start_ticks == proc.start_ticks
 
