@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.baseline and not (args.baseline / "exporter" / "__main__.py").is_file():
         p.error(f"--baseline {args.baseline}: no exporter/__main__.py there")
+    baseline_git = git_commit(args.baseline) if args.baseline else None
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
         flags = write_reference_node(tmpdir / "node")
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.baseline:
             port = free_port()
             servers.insert(1, ServerProcess(
-                key="baseline", label=f"the same at {git_commit(args.baseline)['head'][:7] or args.baseline}",
+                key="baseline", label=f"the same at {baseline_git['head'][:7] or args.baseline}",
                 port=port, log=tmpdir / "baseline.log", cwd=args.baseline.resolve(),
                 argv=[sys.executable, "-m", "exporter", *flags, "--web.listen-address", f"127.0.0.1:{port}"]))
         targets = {s.key: Target(s.url) for s in servers}
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                     server.stop()
     result = {
         "scrapes": args.scrapes, "target_p50_seconds": TARGET_P50_SECONDS, "target_peak_mib": TARGET_PEAK_MIB,
-        "git": git_commit(ROOT), "baseline_git": git_commit(args.baseline) if args.baseline else None,
+        "git": git_commit(ROOT), "baseline_git": baseline_git,
         "servers": {s.key: {"label": s.label, "series": series[s.key], **_stats(times[s.key]),
                             "cpu_seconds_per_scrape": cpu[s.key],
                             "new_connection": _stats(fresh[s.key]), "peak_rss_mib": memory[s.key]["VmHWM"] / 1024,

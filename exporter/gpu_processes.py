@@ -37,11 +37,10 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import psutil
 
@@ -50,7 +49,6 @@ from exporter.workload import Identity, Reader
 
 log = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
 _GPU_DEVICE = re.compile(r"/dev/nvidia([0-9]{1,4})")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _U64 = 1 << 64
@@ -253,8 +251,15 @@ class ProcessTracker:
                 proc.identity, proc.identity_denied = identity, frozenset(denied)
 
     def _handle(self, pid: int) -> psutil.Process | None:
-        """psutil's handle on the process, which holds its (pid, start time); None if it is gone."""
-        return self._from_stat(pid, lambda: psutil.Process(pid), None)
+        """psutil's handle on the process (it reads stat for the start time); None for a process that
+        went or a stat no kernel wrote."""
+        try:
+            return psutil.Process(pid)
+        except _MALFORMED as err:
+            self._parse_error(pid, err)
+        except (psutil.Error, OSError):
+            pass
+        return None
 
     def _running(self, pid: int, proc: _Process) -> bool:
         """Whether the GPU process is still the one classified: its stat read again has the same start
@@ -262,16 +267,6 @@ class ProcessTracker:
         it builds a new Process to compare."""
         stat = self._stat(pid)
         return stat is not None and stat.start_ticks == proc.start_ticks
-
-    def _from_stat(self, pid: int, read: Callable[[], _T], gone: _T) -> _T:
-        """What psutil reads from stat, or `gone` for a process that went or a stat no kernel wrote."""
-        try:
-            return read()
-        except _MALFORMED as err:
-            self._parse_error(pid, err)
-        except (psutil.Error, OSError):
-            pass
-        return gone
 
     def _read_io(self, pid: int, proc: _Process) -> None:
         if not _HAS_IO or proc.handle is None:
