@@ -55,17 +55,17 @@ golden:  # regenerate tests/golden/ after an intended change; review the diff
 
 readme:  # regenerate the flag and metric tables in README.md
 	scripts/install-deps.sh
-	$(PY) -m exporter.docs README.md
+	$(PY) -m gpunode_exporter.docs README.md
 
 rules:  # regenerate rules/prometheus and rules/vmalert from the spec and templates
-	scripts/install-deps.sh
+	scripts/install-deps.sh --rules
 	.venv/bin/gpunode-exporter rules render --target prometheus --out rules/prometheus
 	.venv/bin/gpunode-exporter rules render --target vmalert --out rules/vmalert
 
 dashboards:  # regenerate dashboards/ from the code in rulepack/dashboards and the rule pack's spec (Grafana's SDK: the [test] install has it)
 	scripts/install-deps.sh --test
 	.venv/bin/gpunode-exporter dashboards render --out dashboards
-	$(PY) -m rulepack.dashboards.doc docs/dashboards.md
+	$(PY) -m gpunode_rulepack.dashboards.doc docs/dashboards.md
 
 fleet:  # detection quality: simulate the standard, Lablup-shaped and mixed fleets, the stragglers and the distractors, replay the rule pack on Prometheus and VictoriaMetrics, write docs/fleet-results.md (~70 min on 2 CPUs)
 	scripts/install-deps.sh --test

@@ -22,8 +22,8 @@ from typing import Any
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for fleet/
-from common.http import free_port  # noqa: F401  (one copy of it: the benchmarks take it from here)
-from remediate.command import die_with_parent  # noqa: F401  (likewise)
+from gpunode_common.http import free_port  # noqa: F401  (one copy of it: the benchmarks take it from here)
+from gpunode_remediate.command import die_with_parent  # noqa: F401  (likewise)
 
 
 class BenchError(RuntimeError):
@@ -33,10 +33,10 @@ class BenchError(RuntimeError):
 def source_fingerprint() -> str:
     """sha256 of the exporter package's sources: the code under test, which another
     engineer may be editing while we run."""
-    import exporter  # the installed (editable) package gpunode-exporter runs
+    import gpunode_exporter  # the installed (editable) package gpunode-exporter runs
 
     digest = hashlib.sha256()
-    root = Path(exporter.__file__).resolve().parent
+    root = Path(gpunode_exporter.__file__).resolve().parent
     for path in sorted(root.rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()

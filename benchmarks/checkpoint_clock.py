@@ -32,8 +32,8 @@ from benchlib import ServerProcess, free_port, git_commit, percentile
 from reference_node import hold_kmsg_open, write_reference_node
 from reference_scrape import Target, measure
 
-from exporter.collector.checkpoint import written_bytes
-from exporter.collector.nfs import read_own_or_init
+from gpunode_exporter.collector.checkpoint import written_bytes
+from gpunode_exporter.collector.nfs import read_own_or_init
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "checkpoint_clock.json"
@@ -62,11 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         ports = [free_port(), free_port()]
         servers = [
             ServerProcess(key="with", label="gpunode-exporter with the checkpoint clock", port=ports[0],
-                          log=Path(tmp) / "with.log", argv=[sys.executable, "-m", "exporter", *flags,
+                          log=Path(tmp) / "with.log", argv=[sys.executable, "-m", "gpunode_exporter", *flags,
                                                             "--web.listen-address", f"127.0.0.1:{ports[0]}"]),
             ServerProcess(key="without", label="gpunode-exporter, --no-collector.checkpoint", port=ports[1],
                           log=Path(tmp) / "without.log",
-                          argv=[sys.executable, "-m", "exporter", *flags, "--no-collector.checkpoint",
+                          argv=[sys.executable, "-m", "gpunode_exporter", *flags, "--no-collector.checkpoint",
                                 "--web.listen-address", f"127.0.0.1:{ports[1]}"]),
         ]
         targets = {s.key: Target(s.url) for s in servers}

@@ -3,7 +3,7 @@
 
     python benchmarks/gpu_scrape.py [--scrapes 2000] [--warmup 50] [--cold 20]
 
-Both run in this process against the same simulated libnvidia-ml (exporter.nvmlsim,
+Both run in this process against the same simulated libnvidia-ml (gpunode_exporter.nvmlsim,
 a ctypes stand-in for the driver that counts every NVML C call), with the same
 values (some remapped rows, a pending remap). Per case and exporter:
 
@@ -64,17 +64,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from common.exposition import Renderer
-from exporter import nvmlsim
-from exporter.collector import gpu as ours_gpu
-from exporter.collector import gpu_straggler
-from exporter.collector.base import Context
-from exporter.collector.gpu import GPUCollector
-from exporter.config import Config
-from exporter.nvmlsim.library import FUNCTIONS, SimulatedNVML
-from exporter.nvmlsim.scenario import Scenario, build
-from exporter.scrape import Scraper
-from exporter.sysfs import pci
+from gpunode_common.exposition import Renderer
+from gpunode_exporter import nvmlsim
+from gpunode_exporter.collector import gpu as ours_gpu
+from gpunode_exporter.collector import gpu_straggler
+from gpunode_exporter.collector.base import Context
+from gpunode_exporter.collector.gpu import GPUCollector
+from gpunode_exporter.config import Config
+from gpunode_exporter.nvmlsim.library import FUNCTIONS, SimulatedNVML
+from gpunode_exporter.nvmlsim.scenario import Scenario, build
+from gpunode_exporter.scrape import Scraper
+from gpunode_exporter.sysfs import pci
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -444,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
                                "the collector before them, in the same rounds",
                  "naive": "prometheus_client custom collector reading every NVML value each scrape "
                           "+ generate_latest(registry)",
-                 "nvml": "exporter.nvmlsim: ctypes callbacks standing in for libnvidia-ml; not a real driver"},
+                 "nvml": "gpunode_exporter.nvmlsim: ctypes callbacks standing in for libnvidia-ml; not a real driver"},
         "machine": machine_info(), "exporter_source_sha256": source_fingerprint(), "cases": {}}
     start, cpu_before = time.monotonic(), cpu_times()
     try:

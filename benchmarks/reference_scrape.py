@@ -193,11 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         web_config, tls_target = _tls_and_basic_auth(tmpdir / "tls")
         servers = [
             ServerProcess(key="ours", label="gpunode-exporter (reference node)", port=ports[0], log=tmpdir / "ours.log",
-                          argv=[sys.executable, "-m", "exporter", *flags,
+                          argv=[sys.executable, "-m", "gpunode_exporter", *flags,
                                 "--web.listen-address", f"127.0.0.1:{ports[0]}"]),
             ServerProcess(key="ours_tls", label="gpunode-exporter, TLS and basic auth", port=ports[3],
                           log=tmpdir / "ours_tls.log",
-                          argv=[sys.executable, "-m", "exporter", *flags, "--web.config.file", str(web_config),
+                          argv=[sys.executable, "-m", "gpunode_exporter", *flags, "--web.config.file", str(web_config),
                                 "--web.listen-address", f"127.0.0.1:{ports[3]}"]),
             ServerProcess(key="node", label="node_exporter (defaults, this machine)", port=ports[1],
                           log=tmpdir / "node.log",
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             servers.insert(1, ServerProcess(
                 key="baseline", label=f"the same at {baseline_git['head'][:7] or args.baseline}",
                 port=port, log=tmpdir / "baseline.log", cwd=args.baseline.resolve(),
-                argv=[sys.executable, "-m", "exporter", *flags, "--web.listen-address", f"127.0.0.1:{port}"]))
+                argv=[sys.executable, "-m", "gpunode_exporter", *flags, "--web.listen-address", f"127.0.0.1:{port}"]))
         targets = {s.key: Target(s.url) for s in servers}
         tls_target.port = ports[3]
         targets["ours_tls"] = tls_target

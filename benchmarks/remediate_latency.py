@@ -55,7 +55,8 @@ def start_service(base: Path, cluster: SlurmCluster, wrapper: Path, **policy: ob
             "scheduler": {"kind": "slurm", "scontrol": str(wrapper)}, "health_check": {"enabled": False}, **policy}
     (base / "policy.yml").write_text(yaml.safe_dump(data))
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "remediate", "serve", "--config.file", str(base / "policy.yml"),
+    proc = subprocess.Popen([sys.executable, "-m", "gpunode_remediate", "serve",
+                             "--config.file", str(base / "policy.yml"),
                              "--web.listen-address", f"127.0.0.1:{port}", "--log.level", "warn"],
                             cwd=ROOT, env=cluster.env, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchlib import git_commit, percentile
 from reference_node import write_reference_node
 
-from common.exposition import Renderer
-from exporter.collector.base import Family, MetricSpec
+from gpunode_common.exposition import Renderer
+from gpunode_exporter.collector.base import Family, MetricSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "render.json"
@@ -78,7 +78,7 @@ def client_render(families: list[Family]) -> bytes:
 def reference_families() -> list[Family]:
     with tempfile.TemporaryDirectory() as tmp:
         flags = write_reference_node(Path(tmp))
-        out = subprocess.run([sys.executable, "-m", "exporter", "dump", *flags], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-m", "gpunode_exporter", "dump", *flags], capture_output=True, text=True,
                              check=True, cwd=ROOT)
     return families_from_text(out.stdout)
 

@@ -39,10 +39,10 @@ from benchlib import ServerProcess, free_port, git_commit, machine_info
 from reference_node import hold_kmsg_open, write_reference_node
 from reference_scrape import Target, _get, wait_scrapable
 
-from common.exposition import Renderer
-from exporter import cli, collectors, config, nvmlsim, process
-from exporter.nvmlsim.library import SimulatedNVML
-from exporter.scrape import DURATION, Scraper
+from gpunode_common.exposition import Renderer
+from gpunode_exporter import cli, collectors, config, nvmlsim, process
+from gpunode_exporter.nvmlsim.library import SimulatedNVML
+from gpunode_exporter.scrape import DURATION, Scraper
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "scrape_profile.json"
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         servers = [
             ServerProcess(key="ours", label="gpunode-exporter (reference node)", port=ports[0],
                           log=Path(tmp) / "ours.log",
-                          argv=[sys.executable, "-m", "exporter", *flags, "--web.listen-address",
+                          argv=[sys.executable, "-m", "gpunode_exporter", *flags, "--web.listen-address",
                                 f"127.0.0.1:{ports[0]}"]),
             ServerProcess(key="node", label="node_exporter (defaults, this machine)", port=ports[1],
                           log=Path(tmp) / "node.log",

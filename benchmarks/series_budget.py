@@ -32,10 +32,10 @@ PFC_PER_NIC = 16
 def count(flags: list[str]) -> dict[str, int]:
     """{collector: series} of one dump; the exporter's own series under "exporter"."""
     sys.path.insert(0, str(ROOT))
-    from exporter.collector import COLLECTORS
+    from gpunode_exporter.collector import COLLECTORS
 
     owner = {spec.name: name for name, cls in COLLECTORS.items() for spec in cls.metrics}
-    out = subprocess.run([sys.executable, "-m", "exporter", "dump", *flags], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "gpunode_exporter", "dump", *flags], capture_output=True, text=True,
                          check=True, cwd=ROOT)
     counts: dict[str, int] = {}
     for line in out.stdout.splitlines():

@@ -61,7 +61,7 @@ from benchlib import (  # benchmarks/ is on sys.path when run as a script; commo
 
 from fleet import harness, report_score, scenario
 from fleet.simulate import Fleet, Series
-from report.source import parse_time, rfc3339
+from gpunode_report.source import parse_time, rfc3339
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"prometheus": "prometheus", "victoriametrics": "victoria-metrics"}

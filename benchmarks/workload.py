@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import benchlib  # noqa: E402
-from exporter.collector.base import Context  # noqa: E402
-from exporter.collector.gpu_processes import GPUProcessesCollector  # noqa: E402
-from exporter.config import Config, WorkloadConfig  # noqa: E402
-from exporter.nvml import Session  # noqa: E402
+from gpunode_exporter.collector.base import Context  # noqa: E402
+from gpunode_exporter.collector.gpu_processes import GPUProcessesCollector  # noqa: E402
+from gpunode_exporter.config import Config, WorkloadConfig  # noqa: E402
+from gpunode_exporter.nvml import Session  # noqa: E402
 from tests.fakeproc import FakeProc  # noqa: E402
 from tests.helpers import render, simulated_nvml  # noqa: E402
 

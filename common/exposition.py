@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 
-from common.family import Family
+from gpunode_common.family import Family
 
 _MAX_CACHED = 200_000  # label sets; a churn of label values beyond this starts afresh
 

@@ -1,5 +1,5 @@
 """A metric family: its spec (name, type, help, labels) and one scrape's rows. Shared by the
-exporter's collectors and the remediation service, which render them with common.exposition."""
+exporter's collectors and the remediation service, which render them with gpunode_common.exposition."""
 
 from __future__ import annotations
 

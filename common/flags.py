@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common.http import parse_listen_address
+from gpunode_common.http import parse_listen_address
 
 
 class Parser(argparse.ArgumentParser):

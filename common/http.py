@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from common import __version__
-from common.webconfig import WebConfig
+from gpunode_common import __version__
+from gpunode_common.webconfig import WebConfig
 
 log = logging.getLogger(__name__)
 

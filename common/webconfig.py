@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.config import ConfigError, load_yaml
+from gpunode_common.config import ConfigError, load_yaml
 
 _TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS12": ssl.TLSVersion.TLSv1_2,
                  "TLS13": ssl.TLSVersion.TLSv1_3}

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from common.config import ConfigError
 from demo import scenario as scenarios
 from demo.stack import Ports, Stack
 from demo.webhook import Received
-from remediate.policy import build as remediate_policy
+from gpunode_common.config import ConfigError
+from gpunode_remediate.policy import build as remediate_policy
 
 POLL_SECONDS = 0.5
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from common.config import ConfigError, load_yaml, seconds
-from exporter import nvmlsim
+from gpunode_common.config import ConfigError, load_yaml, seconds
+from gpunode_exporter import nvmlsim
 
 SHIPPED = Path(__file__).parent / "scenarios"
 

@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from common.http import free_port
-from remediate.scheduler.slurm import fields  # the service's own parser: Reason= last, its stamp dropped
+from gpunode_common.http import free_port
+from gpunode_remediate.scheduler.slurm import fields  # the service's own parser: Reason= last, its stamp dropped
 
 DEFAULT_NODES = tuple(f"gpu{i:03d}" for i in range(1, 9))
 TOOLS = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "sbatch", "scancel")

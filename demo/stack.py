@@ -20,13 +20,13 @@ from typing import IO, Any
 import requests
 import yaml
 
-from common.http import free_port
 from demo.netns import Forwarder, Namespace, node_namespace
 from demo.node import SimulatedNode
 from demo.scenario import Scenario
 from demo.slurm import SlurmCluster
 from demo.webhook import Received, Receiver
-from rulepack import load_spec, render
+from gpunode_common.http import free_port
+from gpunode_rulepack import load_spec, render
 
 REPO = Path(__file__).parent.parent
 DEMO_SPEC = Path(__file__).parent / "spec.yaml"
@@ -120,7 +120,7 @@ class Stack:
         spares = [f"node-spare-{n}" for n in range(1, SLURM_NODES - len(names) + 1)]
         self.cluster = self._exit.enter_context(SlurmCluster(self.workdir / "slurm", [*names, *spares]))
         self._write_configs()
-        self._spawn("gpunode-remediate", [sys.executable, "-m", "remediate", "serve", "--config.file",
+        self._spawn("gpunode-remediate", [sys.executable, "-m", "gpunode_remediate", "serve", "--config.file",
                                           str(self.workdir / "remediate.yml"), "--web.listen-address",
                                           f"127.0.0.1:{self.remediate_port}"], env=self.cluster.env)
         self.started = time.monotonic()
@@ -151,7 +151,7 @@ class Stack:
         config = node.root / "exporter.yml"
         config.write_text(yaml.safe_dump({"gpu": {"expected_count": len(node.scenario.nvml["gpus"])},
                                           "staging": {"paths": [str(node.staging)]}}))
-        return ["ip", "netns", "exec", ns.name, sys.executable, "-m", "exporter",
+        return ["ip", "netns", "exec", ns.name, sys.executable, "-m", "gpunode_exporter",
                 "--path.procfs", str(node.procfs), "--path.sysfs", str(node.sysfs), "--path.kmsg", str(node.kmsg),
                 "--path.state", str(node.root / "state"), "--config.file", str(config),
                 "--nvml.simulate", str(node.scenario.nvml_file(node.root)),

@@ -1,5 +1,5 @@
 import sys
 
-from exporter.cli import main
+from gpunode_exporter.cli import main
 
 sys.exit(main())

@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
-from common import __version__, logs, webconfig
-from common.exposition import Renderer
-from common.flags import Parser, listen_address
-from common.http import ThreadingHTTPServer, make_handler, make_server
-from exporter import collectors, config, process
-from exporter.collector import COLLECTORS
-from exporter.scrape import Scraper
+from gpunode_common import __version__, logs, webconfig
+from gpunode_common.exposition import Renderer
+from gpunode_common.flags import Parser, listen_address
+from gpunode_common.http import ThreadingHTTPServer, make_handler, make_server
+from gpunode_exporter import collectors, config, process
+from gpunode_exporter.collector import COLLECTORS
+from gpunode_exporter.scrape import Scraper
 
 PROG = "gpunode-exporter"
 DEFAULT_LISTEN = ":19835"
@@ -98,9 +98,9 @@ def other_program(command: str) -> ModuleType:
     """The command line of the program that runs a dispatched command, imported only for it: a node
     that serves metrics never loads the rule pack, the dashboards or the report."""
     if command == "report":
-        from report import cli
+        from gpunode_report import cli
     else:
-        from rulepack import cli
+        from gpunode_rulepack import cli
     return cli
 
 
@@ -118,16 +118,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Names
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in DISPATCHED:
-        try:
-            program = other_program(argv[0])
-        except ModuleNotFoundError as err:
-            if err.name not in ("rulepack", "report"):
-                raise
-            # The image holds the node agent alone.
-            sys.stderr.write(f"{PROG} {argv[0]}: error: this installation has the node agent only; "
-                             "install the gpunode-exporter package where you run this command\n")
-            return 2
-        return program.main(argv)
+        return other_program(argv[0]).main(argv)
     parser, args = parse_args(argv)
     # A mount point that is not there is a typo in the unit or the pod spec, not a node without
     # those files: refused like a broken --config.file, not served (or checked) as a node without
@@ -136,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_dir():
             parser.error(f"{flag} {path}: no such directory")
     if args.command == "doctor":
-        from exporter import doctor  # reports bad config files itself, as findings
+        from gpunode_exporter import doctor  # reports bad config files itself, as findings
 
         return doctor.run(args)
     logs.setup(args.log_level)
@@ -145,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         web = webconfig.load(args.web_config) if args.command == "serve" else None
         scenario = None
         if args.nvml_simulate:
-            from exporter import nvmlsim  # a node that serves real GPUs never loads it
+            from gpunode_exporter import nvmlsim  # a node that serves real GPUs never loads it
 
             scenario = nvmlsim.load(args.nvml_simulate)
     except config.ConfigError as err:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from exporter import config
-from exporter.collector import COLLECTORS, Collector, Context
-from exporter.netroute import CachedLookup, route_device
+from gpunode_exporter import config
+from gpunode_exporter.collector import COLLECTORS, Collector, Context
+from gpunode_exporter.netroute import CachedLookup, route_device
 
 
 def enabled_collectors(args: argparse.Namespace) -> list[str]:

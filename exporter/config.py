@@ -7,8 +7,8 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from common.config import ConfigError, load_yaml
-from exporter.workload import SOURCES
+from gpunode_common.config import ConfigError, load_yaml
+from gpunode_exporter.workload import SOURCES
 
 # The NFS operations served one by one unless nfs.operations says otherwise: the data path and
 # the metadata operations a training job's file handling shows in (the rule pack reads the first

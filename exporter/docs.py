@@ -1,6 +1,6 @@
 """Reference tables for README.md, generated from the code so they cannot drift.
 
-python -m exporter.docs README.md   rewrites the generated blocks in place.
+python -m gpunode_exporter.docs README.md   rewrites the generated blocks in place.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from common.docs import fill
-from exporter.cli import build_parser
-from exporter.collector import COLLECTORS
-from exporter.scrape import EXPORTER_METRICS
+from gpunode_common.docs import fill
+from gpunode_exporter.cli import build_parser
+from gpunode_exporter.collector import COLLECTORS
+from gpunode_exporter.scrape import EXPORTER_METRICS
 
 
 def metrics_table() -> str:

@@ -16,16 +16,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import webconfig
-from exporter import collectors, config
-from exporter.collector import Context
-from exporter.collector.checkpoint import written_bytes
-from exporter.collector.nfs import read_mount_files, read_own_or_init
-from exporter.collector.storage_network import storage_interfaces
-from exporter.ethtool import Ethtool
-from exporter.kmsg import KmsgReader
-from exporter.procfs import mountstats
-from exporter.sysfs import net, pci
+from gpunode_common import webconfig
+from gpunode_exporter import collectors, config
+from gpunode_exporter.collector import Context
+from gpunode_exporter.collector.checkpoint import written_bytes
+from gpunode_exporter.collector.nfs import read_mount_files, read_own_or_init
+from gpunode_exporter.collector.storage_network import storage_interfaces
+from gpunode_exporter.ethtool import Ethtool
+from gpunode_exporter.kmsg import KmsgReader
+from gpunode_exporter.procfs import mountstats
+from gpunode_exporter.sysfs import net, pci
 
 OK, WARN, FAIL, OFF = "ok", "warn", "fail", "off"
 
@@ -227,7 +227,7 @@ def findings(args: argparse.Namespace) -> Iterator[Finding]:
     except config.ConfigError as err:
         yield Finding("web config", FAIL, str(err), "fix it; the exporter will not start with it")
     if args.nvml_simulate:
-        from exporter import nvmlsim
+        from gpunode_exporter import nvmlsim
 
         try:
             nvmlsim.install(nvmlsim.load(args.nvml_simulate))

@@ -44,8 +44,8 @@ from pathlib import Path
 
 import psutil
 
-from exporter.procfs.pid import IO, PidFileError, Stat, parse_stat, parse_uptime
-from exporter.workload import Identity, Reader
+from gpunode_exporter.procfs.pid import IO, PidFileError, Stat, parse_stat, parse_uptime
+from gpunode_exporter.workload import Identity, Reader
 
 log = logging.getLogger(__name__)
 

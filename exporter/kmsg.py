@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.numbers import U32_MAX, U64_MAX, KernelNumberError
+from gpunode_exporter.numbers import U32_MAX, U64_MAX, KernelNumberError
 
 # A kernel record is at most 8 KiB with its dictionary (CONSOLE_EXT_LOG_MAX); a
 # read with a smaller buffer fails with EINVAL.

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 
 import psutil
 
-from exporter.collector.base import Family, MetricSpec
+from gpunode_exporter.collector.base import Family, MetricSpec
 
 CPU = MetricSpec("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.")
 RESIDENT = MetricSpec("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.")

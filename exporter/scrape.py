@@ -18,9 +18,9 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from common import __version__
-from exporter.collector.base import Collector, Family, MetricSpec
-from exporter.problems import Problems
+from gpunode_common import __version__
+from gpunode_exporter.collector.base import Collector, Family, MetricSpec
+from gpunode_exporter.problems import Problems
 
 log = logging.getLogger(__name__)
 

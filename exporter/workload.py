@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from exporter.procfs import cgroup
+from gpunode_exporter.procfs import cgroup
 
 SOURCES = ("pattern", "job_mapping", "slurm", "kubernetes", "environment", "container", "systemd")
 UNIDENTIFIED = "unidentified"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fleet import harness, remediation, report_score, scenario, score
 from fleet.simulate import Fleet, Truth, node_name
-from report.source import rfc3339
+from gpunode_report.source import rfc3339
 
 
 def _cell(value: float, unit: str = "") -> str:
@@ -62,7 +62,7 @@ def _dump(path: Path, run: harness.Run, s: score.Score) -> None:
 
 def score_report(fleet: Fleet, url: str, out: Path, spec: Path | None, results: list[report_score.Result]) -> None:
     """The report of the fleet's whole range from the backend at url, written to out, scored into results."""
-    from report.cli import run
+    from gpunode_report.cli import run
 
     began = time.monotonic()
     run(url, rfc3339(fleet.timestamps[0]), rfc3339(fleet.timestamps[-1] + fleet.s.step), out, spec)

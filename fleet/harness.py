@@ -30,12 +30,12 @@ import numpy as np
 import requests
 import yaml
 
-from common.http import free_port  # the server binds it a moment later: _ours tells if another did
-from exporter.nvmlsim.scenario import seconds
 from fleet import remote_write, replay_check
 from fleet.simulate import Fleet
-from report.source import rfc3339
-from rulepack import load_spec, render
+from gpunode_common.http import free_port  # the server binds it a moment later: _ours tells if another did
+from gpunode_exporter.nvmlsim.scenario import seconds
+from gpunode_report.source import rfc3339
+from gpunode_rulepack import load_spec, render
 
 BACKENDS = ("prometheus", "victoriametrics")
 PARALLEL_REPLAYS = 2  # one per CPU of the machines it runs on

@@ -31,9 +31,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from common.config import ConfigError, load_yaml, seconds
-from remediate.jobs import JobView
-from remediate.plan import NodeView
+from gpunode_common.config import ConfigError, load_yaml, seconds
+from gpunode_remediate.jobs import JobView
+from gpunode_remediate.plan import NodeView
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 T0 = 1_750_000_000.0  # the replay's clock: Unix seconds, as the service keeps them

@@ -33,16 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.config import ConfigError
-from exporter.xid import catalog
 from fleet.jobcluster import MIN_JOB_AGE, NODE_FAULTS, T0, Attempt, Fault, Scenario, SimJob, SimSlurm, load
 from fleet.remediation import SIMULATED_RESET, SimEngine, fingerprint
-from remediate.alerts import Alert, Notification
-from remediate.engine import Engine
-from remediate.jobs import Decision, JobView
-from remediate.plan import NodeView
-from remediate.policy import Jobs, Policy
-from remediate.state import State
+from gpunode_common.config import ConfigError
+from gpunode_exporter.xid import catalog
+from gpunode_remediate.alerts import Alert, Notification
+from gpunode_remediate.engine import Engine
+from gpunode_remediate.jobs import Decision, JobView
+from gpunode_remediate.plan import NodeView
+from gpunode_remediate.policy import Jobs, Policy
+from gpunode_remediate.state import State
 
 SHIPPED = ("jobs-retry-chains", "jobs-crash-loop")
 POLICY = Policy(mode="enforce", jobs=Jobs(enabled=True), reset_command=SIMULATED_RESET)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.config import ConfigError
-from exporter.nvmlsim.scenario import seconds
+from gpunode_common.config import ConfigError
+from gpunode_exporter.nvmlsim.scenario import seconds
 
 KINDS = ("training", "single", "inference", "burnin")
 SOURCES = ("slurm", "kubernetes", "systemd")

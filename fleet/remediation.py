@@ -34,11 +34,11 @@ import yaml
 
 from fleet.harness import Firing
 from fleet.simulate import Truth
-from remediate.alerts import Alert, Notification
-from remediate.engine import Engine
-from remediate.plan import NodeView, Step
-from remediate.policy import Policy
-from remediate.state import State
+from gpunode_remediate.alerts import Alert, Notification
+from gpunode_remediate.engine import Engine
+from gpunode_remediate.plan import NodeView, Step
+from gpunode_remediate.policy import Policy
+from gpunode_remediate.state import State
 
 ALERTMANAGER = Path(__file__).resolve().parent.parent / "alertmanager" / "alertmanager.yml"
 # The service runs this to reset a GPU. The replay never runs it; a policy without one holds a node

@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from common.config import seconds
 from fleet import causes
 from fleet.jobs import Attempt
 from fleet.simulate import SYNCHRONOUS, Fleet, node_name
-from report.goodput import gpu_hours
-from report.source import parse_time
+from gpunode_common.config import seconds
+from gpunode_report.goodput import gpu_hours
+from gpunode_report.source import parse_time
 
 SPLIT_TOLERANCE = 0.02  # of the job's elapsed time
 SAVE_TOLERANCE = 2.0  # seconds per save: the exporter samples once a second, at each end of a save

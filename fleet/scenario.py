@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.config import ConfigError, load_yaml
-from exporter.nvmlsim.scenario import seconds
 from fleet.jobs import Job, parse_job, parse_nodes, sessions_as_jobs
+from gpunode_common.config import ConfigError, load_yaml
+from gpunode_exporter.nvmlsim.scenario import seconds
 
 SHIPPED = Path(__file__).parent / "scenarios"
 # Fault kinds and what they model (docs/fleet.md).

@@ -19,11 +19,11 @@ from functools import cached_property
 
 import numpy as np
 
-from exporter.nvmlsim.scenario import seconds
 from fleet import causes, jobs, physics
 from fleet.causes import GPUS, IB_PORTS, IB_RATE
 from fleet.jobs import Attempt
 from fleet.scenario import Event, Scenario
+from gpunode_exporter.nvmlsim.scenario import seconds
 
 SAVE_BYTES = 20.55e9  # per node and save (the Lablup B200 operations report)
 LOAD_BYTES = 5e8  # per second and node while an attempt loads its checkpoint

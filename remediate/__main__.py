@@ -1,5 +1,5 @@
 import sys
 
-from remediate.cli import main
+from gpunode_remediate.cli import main
 
 sys.exit(main())

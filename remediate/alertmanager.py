@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from remediate.alerts import MAX_BODY, Alert, PayloadError, alert_fields
+from gpunode_remediate.alerts import MAX_BODY, Alert, PayloadError, alert_fields
 
 STATES = ("active", "suppressed", "unprocessed")  # suppressed: silenced or inhibited
 

@@ -11,12 +11,12 @@ import threading
 import time
 from pathlib import Path
 
-from common import __version__, logs, webconfig
-from common.config import ConfigError
-from common.flags import Parser, listen_address
-from common.http import make_server
-from remediate import policy as policies
-from remediate.state import Breaker, State
+from gpunode_common import __version__, logs, webconfig
+from gpunode_common.config import ConfigError
+from gpunode_common.flags import Parser, listen_address
+from gpunode_common.http import make_server
+from gpunode_remediate import policy as policies
+from gpunode_remediate.state import Breaker, State
 
 PROG = "gpunode-remediate"
 DEFAULT_LISTEN = ":19836"
@@ -132,8 +132,8 @@ _RETURN_TO_SERVICE = {
 
 def _check_slurm(policy: policies.Policy) -> None:
     """What the cluster's ReturnToService means for the nodes the service reboots."""
-    from remediate.command import CommandError
-    from remediate.scheduler.slurm import Slurm
+    from gpunode_remediate.command import CommandError
+    from gpunode_remediate.scheduler.slurm import Slurm
 
     try:
         value = Slurm(policy.scheduler.scontrol, timeout=policy.scheduler.timeout).return_to_service()
@@ -205,10 +205,10 @@ def status_text(policy: policies.Policy, state: State, now: float) -> str:
 
 
 def _serve(args: argparse.Namespace, policy: policies.Policy, web: webconfig.WebConfig, token: bytes | None) -> int:
-    from remediate.engine import Engine
-    from remediate.scheduler import build
-    from remediate.server import make_handler
-    from remediate.state import State
+    from gpunode_remediate.engine import Engine
+    from gpunode_remediate.scheduler import build
+    from gpunode_remediate.server import make_handler
+    from gpunode_remediate.state import State
 
     logs.setup(args.log_level)
     try:

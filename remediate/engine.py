@@ -11,14 +11,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 
-from remediate import alertmanager, health
-from remediate.alerts import Alert, Notification
-from remediate.command import CommandError, run
-from remediate.plan import MARKER, NodeView, Record, Step, counted, plan, span
-from remediate.policy import Policy
-from remediate.recovery import Recovery
-from remediate.scheduler import Scheduler
-from remediate.state import Breaker, State
+from gpunode_remediate import alertmanager, health
+from gpunode_remediate.alerts import Alert, Notification
+from gpunode_remediate.command import CommandError, run
+from gpunode_remediate.plan import MARKER, NodeView, Record, Step, counted, plan, span
+from gpunode_remediate.policy import Policy
+from gpunode_remediate.recovery import Recovery
+from gpunode_remediate.scheduler import Scheduler
+from gpunode_remediate.state import Breaker, State
 
 log = logging.getLogger("gpunode-remediate")
 

@@ -9,7 +9,7 @@ import urllib.request
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from remediate.policy import Policy
+    from gpunode_remediate.policy import Policy
 
 MAX_BODY = 64 << 20
 _SAMPLE = re.compile(r'^(gpunode_gpus_expected|gpunode_gpus_visible|gpunode_gpu_up)(\{[^}]*\})? (\S+)', re.M)

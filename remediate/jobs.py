@@ -17,9 +17,9 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from remediate.alerts import Alert
-from remediate.plan import MARKER, NodeView, span
-from remediate.policy import Jobs, Policy
+from gpunode_remediate.alerts import Alert
+from gpunode_remediate.plan import MARKER, NodeView, span
+from gpunode_remediate.policy import Jobs, Policy
 
 BRANCHES = ("app_fault", "node_fault", "backoff", "held")
 ENDS = ("failed", "node_fail")  # Slurm's states of an abnormal end; cancelled, completed and timeout are not

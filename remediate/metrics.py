@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from common import __version__
-from common.family import Family, MetricSpec
-from remediate.engine import Engine
-from remediate.jobs import BRANCHES
-from remediate.plan import PHASES
+from gpunode_common import __version__
+from gpunode_common.family import Family, MetricSpec
+from gpunode_remediate.engine import Engine
+from gpunode_remediate.jobs import BRANCHES
+from gpunode_remediate.plan import PHASES
 
 P = "gpunode_remediate_"
 BUILD = MetricSpec(P + "build_info", "gauge", "The remediation service's version.", ("version",))

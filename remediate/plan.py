@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from remediate.alerts import Alert
-from remediate.policy import ACTIONS, Policy
+from gpunode_remediate.alerts import Alert
+from gpunode_remediate.policy import ACTIONS, Policy
 
 MARKER = "gpunode:"  # every drain reason this service writes begins with it
 RETURNING = {"drained": False, "reset_done": True, "rebooted": True}  # phase -> health check first

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.config import ConfigError, load_yaml, seconds
+from gpunode_common.config import ConfigError, load_yaml, seconds
 
 # Node actions, mildest first: a node wanted for several takes the strongest.
 ACTIONS = ("none", "drain", "reset", "reboot", "hold")

@@ -12,11 +12,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 
-from remediate.command import CommandError
-from remediate.jobs import ENDS, Decision, JobView, abnormal, decide, lemons, selected
-from remediate.plan import NodeView, span
-from remediate.policy import Policy
-from remediate.state import Breaker, State
+from gpunode_remediate.command import CommandError
+from gpunode_remediate.jobs import ENDS, Decision, JobView, abnormal, decide, lemons, selected
+from gpunode_remediate.plan import NodeView, span
+from gpunode_remediate.policy import Policy
+from gpunode_remediate.state import Breaker, State
 
 RELAUNCH_AFTER = 2.0  # seconds after an end (Slurm's EndTime, whole seconds) before its job is released
 

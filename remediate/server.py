@@ -8,11 +8,11 @@ import logging
 import time
 from http.server import BaseHTTPRequestHandler
 
-from common.exposition import Renderer
-from common.http import CONTENT_TYPE, basic_authorized
-from common.webconfig import WebConfig
-from remediate import alerts, metrics
-from remediate.engine import Engine
+from gpunode_common.exposition import Renderer
+from gpunode_common.http import CONTENT_TYPE, basic_authorized
+from gpunode_common.webconfig import WebConfig
+from gpunode_remediate import alerts, metrics
+from gpunode_remediate.engine import Engine
 
 log = logging.getLogger("gpunode-remediate")
 WEBHOOK_PATH = "/alerts"

@@ -15,10 +15,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from remediate.alerts import Alert
-from remediate.jobs import Decision, End
-from remediate.plan import History, Record, Step
-from remediate.policy import Policy
+from gpunode_remediate.alerts import Alert
+from gpunode_remediate.jobs import Decision, End
+from gpunode_remediate.plan import History, Record, Step
+from gpunode_remediate.policy import Policy
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS alerts (

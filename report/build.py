@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from report import failures, goodput, jobs, pace, storage
-from report.source import ReportError, Source, rfc3339
-from rulepack import selector
+from gpunode_report import failures, goodput, jobs, pace, storage
+from gpunode_report.source import ReportError, Source, rfc3339
+from gpunode_rulepack import selector
 
 NFS_OPS = 'op=~"READ|WRITE"'
 WRITE, READ, UNCORRECTABLE = 'op="WRITE"', 'op="READ"', 'cause="uncorrectable"'

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.flags import Parser
+from gpunode_common.flags import Parser
 
 PROG = "gpunode-exporter"
 
@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
     """argv: `report` and its flags."""
     args = build_parser(argv[0]).parse_args(argv[1:])
     try:
-        from report.source import ReportError
+        from gpunode_report.source import ReportError
     except ImportError:
         sys.stderr.write(f"{PROG} report: error: the report needs numpy and matplotlib: "
                          "pip install 'gpunode-exporter[report]'\n")
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
 
 def write(report: dict[str, Any], out: Path) -> list[Path]:
     """report.json, the figures and report.md into `out`; the paths written."""
-    from report import figures, markdown
+    from gpunode_report import figures, markdown
 
     out.mkdir(parents=True, exist_ok=True)
     drawn: dict[str, str] = {"goodput": "goodput.png"}
@@ -76,10 +76,10 @@ def write(report: dict[str, Any], out: Path) -> list[Path]:
 
 def run(url: str, since: str, until: str, out: Path, spec_path: Path | None = None) -> list[Path]:
     """The report of [since, until] read from url, written to out. ReportError: one line for the user."""
-    from common.config import ConfigError
-    from report.build import build
-    from report.source import ReportError, Source, parse_time, terminal_progress
-    from rulepack import load_spec
+    from gpunode_common.config import ConfigError
+    from gpunode_report.build import build
+    from gpunode_report.source import ReportError, Source, parse_time, terminal_progress
+    from gpunode_rulepack import load_spec
 
     try:
         import matplotlib  # noqa: F401

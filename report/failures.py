@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from report.goodput import gpu_hours
-from report.jobs import Job
-from report.source import Labels, rfc3339
+from gpunode_report.goodput import gpu_hours
+from gpunode_report.jobs import Job
+from gpunode_report.source import Labels, rfc3339
 
 # A failed GPU can leave its job's other ranks waiting in a collective until the NCCL watchdog
 # aborts them (PyTorch's default timeout: 10 min), so the job may end that long after the event.

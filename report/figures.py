@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from report.goodput import cost_curve, gpu_hours
+from gpunode_report.goodput import cost_curve, gpu_hours
 
 PARTS = (("productive", "#2e7d32"), ("checkpoint_save", "#1565c0"), ("checkpoint_load", "#64b5f6"),
          ("down", "#9e9e9e"), ("slowed", "#f9a825"), ("lost_progress", "#c62828"))

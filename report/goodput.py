@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from report.jobs import Job, runs
-from report.pace import Episode
+from gpunode_report.jobs import Job, runs
+from gpunode_report.pace import Episode
 
 LOAD_STARTS_WITHIN = 4  # samples: a load that begins later than this after the attempt's start is none
 CLOCK_MARGIN = 2  # samples read of a save clock either side of a save: no second of the save falls outside

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from report.goodput import gpu_hours
+from gpunode_report.goodput import gpu_hours
 
 
 def _h(seconds: float | None) -> str:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from report.jobs import runs
+from gpunode_report.jobs import runs
 
 SMOOTH = 10  # samples of the rolling median (5 minutes at 30 s)
 WEIGH = 2 * SMOOTH  # samples before and after a cause alert's start that tell whether it slowed the job further

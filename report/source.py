@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from common.config import ConfigError, seconds
+from gpunode_common.config import ConfigError, seconds
 
 # Points per series per range query: Prometheus refuses more than 11,000, and a reply's JSON of
 # ~60 nodes x 2,000 points parses into ~20 MB of Python objects, freed chunk by chunk.

@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.config import ConfigError, load_yaml
+from gpunode_common.config import ConfigError, load_yaml
 
 if TYPE_CHECKING:
     import jinja2

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from common.config import ConfigError
+from gpunode_common.config import ConfigError
 
 T = TypeVar("T")
 
@@ -31,7 +31,7 @@ def _flat(value: Any, where: str = "") -> Iterator[tuple[str, Any]]:
 
 def changed_keys(spec: dict[str, Any]) -> list[str]:
     """The keys where the spec differs from the shipped one: where a bad expression came from."""
-    from rulepack import shipped_spec
+    from gpunode_rulepack import shipped_spec
 
     shipped = dict(_flat(shipped_spec()))
     return [key for key, value in _flat(spec) if shipped.get(key) != value]

@@ -4,15 +4,19 @@ Grafana dashboards, written from the spec (the shipped one with the user's overr
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
-import rulepack
-from common.config import ConfigError
-from common.flags import Parser
-from rulepack import TARGETS, TIERS
+import gpunode_rulepack
+from gpunode_common.config import ConfigError
+from gpunode_common.flags import Parser
+from gpunode_rulepack import TARGETS, TIERS
 
 PROG = "gpunode-exporter"
+# The libraries each command needs beyond the node agent's install: its extra's (pyproject.toml).
+EXTRA_LIBRARIES = {"rules": ("jinja2", "promql_parser"),
+                   "dashboards": ("grafana_foundation_sdk", "jinja2", "promql_parser")}
 
 
 # command -> its description, and the help and description of its `render`.
@@ -49,35 +53,50 @@ def build_parser(command: str) -> argparse.ArgumentParser:
     return parser
 
 
+def missing_extra(command: str) -> str | None:
+    """One line saying what to install, where a library of the command's extra is missing."""
+    missing = []
+    for name in EXTRA_LIBRARIES[command]:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if not missing:
+        return None
+    return f"{command} render needs {', '.join(missing)}: pip install 'gpunode-exporter[{command}]'"
+
+
 def main(argv: list[str]) -> int:
     """argv: `rules` or `dashboards`, then `render` and its flags."""
     parser = build_parser(argv[0])
     args = parser.parse_args(argv[1:])
+    if message := missing_extra(args.command):
+        parser.error(message)
     # Imported here: `rules render` needs no Grafana SDK, `dashboards render` no jinja2.
-    from rulepack import check
+    from gpunode_rulepack import check
     try:
-        spec = rulepack.load_spec(args.spec)
+        spec = gpunode_rulepack.load_spec(args.spec)
         check.check_spec(spec)
         if args.command == "rules":
-            from rulepack import tiers
+            from gpunode_rulepack import tiers
 
-            rendered = rulepack.render(spec, args.target)
+            rendered = gpunode_rulepack.render(spec, args.target)
             check.check_rules(spec, rendered)
             files = tiers.split(rendered, args.tier, spec["labels"]["node"])
         else:
-            from rulepack import dashboards
+            from gpunode_rulepack import dashboards
 
             files = check.checked(spec, lambda: dashboards.files(spec))
     except ConfigError as err:
         parser.error(str(err))
     try:
-        rulepack.write(files, args.out)
+        gpunode_rulepack.write(files, args.out)
     except OSError as err:
         sys.stderr.write(f"{PROG}: error: cannot write {args.out}: {err.strerror}\n")
         return 1
     # One write: a reader that stops early (`| head`) has the whole list in the pipe, not a broken one.
     sys.stdout.write("".join(f"{args.out / name}\n" for name in files))
-    if args.command == "rules" and spec["runbook_base_url"] != rulepack.shipped_spec()["runbook_base_url"]:
+    if args.command == "rules" and spec["runbook_base_url"] != gpunode_rulepack.shipped_spec()["runbook_base_url"]:
         sys.stderr.write(f"{PROG}: warning: alerts link to {spec['runbook_base_url']}/AREA.md#alertname: keep a "
                          "copy of docs/runbooks/ there, its file names and headings as they are, or the links "
                          "are dead (docs/rules.md)\n")

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from rulepack import concurrency
+from gpunode_rulepack import concurrency
 
 # Metric name prefixes of the services a fleet runs once (spec selectors.remediate: gpunode-remediate).
 SERVICES = ("gpunode_remediate_",)

@@ -6,9 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-want_test=0 want_demo=0
+want_test=0 want_demo=0 want_rules=0
 [ "${1:-}" = "--test" ] && want_test=1 && want_demo=1
 [ "${1:-}" = "--demo" ] && want_demo=1
+[ "${1:-}" = "--rules" ] && want_rules=1
 
 # "command:package": the package is installed when the command is missing. README.md names these
 # packages; tests/test_docs.py holds that it does, and that every program a test or a documented
@@ -56,6 +57,7 @@ fi
 
 python3 -m venv .venv
 extra=""
+[ "$want_rules" = 1 ] && extra="[rules]"
 [ "$want_demo" = 1 ] && extra="[demo]"
 [ "$want_test" = 1 ] && extra="[test]"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extra}"

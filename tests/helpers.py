@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,17 +19,19 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.exposition import Renderer
-from common.http import free_port  # noqa: F401  (tests take it from here; one copy of it)
-from exporter import nvmlsim
-from exporter.collector.base import Collector, Context, Family
-from exporter.config import Config, NFSConfig
-from exporter.nvmlsim.library import FUNCTIONS, SimulatedNVML
-from exporter.nvmlsim.scenario import build
+from gpunode_common.exposition import Renderer
+from gpunode_common.http import free_port  # noqa: F401  (tests take it from here; one copy of it)
+from gpunode_exporter import nvmlsim
+from gpunode_exporter.collector.base import Collector, Context, Family
+from gpunode_exporter.config import Config, NFSConfig
+from gpunode_exporter.nvmlsim.library import FUNCTIONS, SimulatedNVML
+from gpunode_exporter.nvmlsim.scenario import build
 
 Series = dict[str, dict[tuple, float]]
 
 ROOT = Path(__file__).resolve().parent.parent
+# Each package's import name and its folder (pyproject.toml's package-dir): gpunode_exporter is exporter/.
+FOLDERS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
@@ -121,7 +124,7 @@ def skip_unless_nobody_can_run_the_checkout() -> None:
         pytest.skip("needs root to drop to another user")
     if shutil.which("setpriv") is None:
         pytest.skip("util-linux's setpriv is not installed")
-    probe = subprocess.run([*AS_NOBODY, sys.executable, "-c", "import exporter, yaml"], cwd=ROOT,
+    probe = subprocess.run([*AS_NOBODY, sys.executable, "-c", "import gpunode_exporter, yaml"], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
     if probe.returncode != 0:
         reason = (probe.stderr.strip().splitlines() or ["no output"])[-1]

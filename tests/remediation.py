@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from remediate.alerts import Alert
+from gpunode_remediate.alerts import Alert
 
 _ZERO = "0001-01-01T00:00:00Z"
 

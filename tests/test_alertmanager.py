@@ -20,9 +20,9 @@ import pytest
 import requests
 import yaml
 
-from remediate.cli import DEFAULT_LISTEN
-from remediate.policy import DEFAULT_RULES
-from remediate.server import WEBHOOK_PATH
+from gpunode_remediate.cli import DEFAULT_LISTEN
+from gpunode_remediate.policy import DEFAULT_RULES
+from gpunode_remediate.server import WEBHOOK_PATH
 from tests.helpers import free_port, wait_for_port
 
 ROOT = Path(__file__).parent.parent
@@ -270,7 +270,7 @@ def delivery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Delivery]:
     (work / "alertmanager.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     procs = []
     try:
-        procs.append(_spawn([sys.executable, "-m", "remediate", "serve", f"--config.file={work / 'policy.yml'}",
+        procs.append(_spawn([sys.executable, "-m", "gpunode_remediate", "serve", f"--config.file={work / 'policy.yml'}",
                              f"--web.listen-address=127.0.0.1:{service_port}",
                              f"--web.bearer-token-file={work / 'token'}"], service_port, work / "service.log"))
         procs.append(_spawn([binary, f"--config.file={work / 'alertmanager.yml'}",

@@ -62,7 +62,8 @@ def test_install_deps_for_the_tests(machine: Path) -> None:
     done = inside(machine, "scripts/install-deps.sh --test")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert missing(machine, set(install_deps_tools())) == []
-    imports = inside(machine, ".venv/bin/python -c 'import exporter, pytest, prometheus_client, hypothesis, pyroute2'")
+    imports = inside(machine,
+                     ".venv/bin/python -c 'import gpunode_exporter, pytest, prometheus_client, hypothesis, pyroute2'")
     assert imports.returncode == 0, imports.stderr
     # A documented command, as README.md gives it for any Linux machine.
     dump = inside(machine, '.venv/bin/gpunode-exporter dump --path.state "$(mktemp -d)" '

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.collector.base import Context
-from exporter.collector.checkpoint import CheckpointCollector, SaveClock, written_bytes
-from exporter.config import CheckpointConfig, Config
+from gpunode_exporter.collector.base import Context
+from gpunode_exporter.collector.checkpoint import CheckpointCollector, SaveClock, written_bytes
+from gpunode_exporter.config import CheckpointConfig, Config
 from tests.helpers import collect_samples
 
 FIXTURES = Path(__file__).parent / "fixtures"

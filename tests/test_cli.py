@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from common import __version__
-from exporter.cli import COMMANDS
+from gpunode_common import __version__
+from gpunode_exporter.cli import COMMANDS
 
 ROOT = Path(__file__).parent.parent
 EDGE = ROOT / "tests" / "fixtures" / "procfs" / "edge"
@@ -18,7 +18,7 @@ SCENARIO = ROOT / "exporter" / "nvmlsim" / "scenarios" / "gpu122-uncorrectable-s
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporter", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "gpunode_exporter", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=60)
 
 
@@ -28,7 +28,7 @@ def test_version() -> None:
 
 
 def test_help_names_every_command() -> None:
-    out = subprocess.run([sys.executable, "-m", "exporter", "--help"], capture_output=True, text=True, cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "gpunode_exporter", "--help"], capture_output=True, text=True, cwd=ROOT,
                          timeout=30)
     text = " ".join(out.stdout.split())  # argparse wraps the description
     assert out.returncode == 0 and all(f"`{c}" in text for c in COMMANDS if c != "serve")
@@ -37,7 +37,8 @@ def test_help_names_every_command() -> None:
 def test_serve_loads_no_template_dashboard_yaml_bcrypt_or_client_library_code() -> None:
     # Memory and start time on every node: those are for `rules`, `dashboards`, config files and
     # basic auth (hashlib maps OpenSSL's libcrypto: ~3.7 MiB); prometheus_client is the tests' oracle.
-    code = ("import sys, exporter.cli, exporter.collector; print(sorted({m.split('.')[0] for m in sys.modules} & "
+    code = ("import sys, gpunode_exporter.cli, gpunode_exporter.collector; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
             "{'jinja2', 'yaml', 'bcrypt', 'grafana_foundation_sdk', 'promql_parser', 'hashlib', "
             "'_hashlib', 'prometheus_client'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=30)
@@ -46,7 +47,7 @@ def test_serve_loads_no_template_dashboard_yaml_bcrypt_or_client_library_code() 
 
 def test_the_server_leaves_the_standard_library_whole() -> None:
     # A library added later (an HTTPS client, prometheus_client) must import as it would anywhere.
-    code = "import common.http, urllib.request, prometheus_client; print(urllib.request.HTTPSHandler.__name__)"
+    code = "import gpunode_common.http, urllib.request, prometheus_client; print(urllib.request.HTTPSHandler.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert out.returncode == 0 and out.stdout.strip() == "HTTPSHandler", out.stderr
 
@@ -59,7 +60,7 @@ def test_log_lines_carry_their_priority_where_stderr_is_the_journal(tmp_path: Pa
     with log.open("w") as stderr:
         stat = os.fstat(stderr.fileno())
         env = {**os.environ, "JOURNAL_STREAM": f"{stat.st_dev}:{stat.st_ino}" if journal else "1:2"}
-        done = subprocess.run([sys.executable, "-m", "exporter", "dump", "--collector.disable-defaults",
+        done = subprocess.run([sys.executable, "-m", "gpunode_exporter", "dump", "--collector.disable-defaults",
                                "--nvml.simulate", str(SCENARIO), "--path.state", str(tmp_path)],
                               stdout=subprocess.DEVNULL, stderr=stderr, env=env, cwd=ROOT, timeout=60)
     assert done.returncode == 0
@@ -70,7 +71,7 @@ def test_log_lines_carry_their_priority_where_stderr_is_the_journal(tmp_path: Pa
 def test_rules_render_warns_when_runbooks_point_away_from_the_projects(tmp_path: Path) -> None:
     def render(spec: str) -> str:
         (tmp_path / "spec.yaml").write_text(spec)
-        out = subprocess.run([sys.executable, "-m", "exporter", "rules", "render", "--spec",
+        out = subprocess.run([sys.executable, "-m", "gpunode_exporter", "rules", "render", "--spec",
                               str(tmp_path / "spec.yaml"), "--out", str(tmp_path / "rules")],
                              capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert out.returncode == 0, out.stderr

@@ -19,19 +19,19 @@ import yaml
 promql_parser = pytest.importorskip("promql_parser")
 pytest.importorskip("grafana_foundation_sdk")
 
-import rulepack  # noqa: E402
-from common.family import MetricSpec  # noqa: E402
-from exporter.collector import COLLECTORS  # noqa: E402
-from exporter.scrape import EXPORTER_METRICS  # noqa: E402
-from remediate import metrics as remediate_metrics  # noqa: E402
-from rulepack import dashboards  # noqa: E402
-from rulepack.dashboards import doc  # noqa: E402
-from rulepack.dashboards.board import ALERT_NAMES  # noqa: E402
-from rulepack.dashboards.promql import Lineage  # noqa: E402
+import gpunode_rulepack  # noqa: E402
+from gpunode_common.family import MetricSpec  # noqa: E402
+from gpunode_exporter.collector import COLLECTORS  # noqa: E402
+from gpunode_exporter.scrape import EXPORTER_METRICS  # noqa: E402
+from gpunode_remediate import metrics as remediate_metrics  # noqa: E402
+from gpunode_rulepack import dashboards  # noqa: E402
+from gpunode_rulepack.dashboards import doc  # noqa: E402
+from gpunode_rulepack.dashboards.board import ALERT_NAMES  # noqa: E402
+from gpunode_rulepack.dashboards.promql import Lineage  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs" / "dashboards.md"
-SPEC = rulepack.load_spec()
+SPEC = gpunode_rulepack.load_spec()
 SHIPPED = dashboards.build(SPEC)
 BOARDS = {b.dashboard["uid"]: b.dashboard for b in SHIPPED}
 RANGE = re.compile(r"\[([^\]]+)\]")
@@ -105,7 +105,7 @@ def node_links(board: dict[str, Any], spec: dict[str, Any]) -> dict[str, list[di
 def test_committed_files_are_what_the_code_renders() -> None:
     committed = {p.name: p.read_text() for p in (ROOT / "dashboards").glob("*.json")}
     assert committed == dashboards.files(SPEC), "dashboards/ is stale: run `make dashboards`"
-    assert dashboards.files(SPEC) == dashboards.files(rulepack.load_spec()), "rendering is not deterministic"
+    assert dashboards.files(SPEC) == dashboards.files(gpunode_rulepack.load_spec()), "rendering is not deterministic"
 
 
 def test_importable_with_a_datasource_input_and_stable_uids() -> None:
@@ -157,7 +157,7 @@ def test_every_panel_has_a_description_a_unit_and_the_datasource_variable(uid: s
 def test_every_query_parses_and_ranges_are_rate_interval_or_spec_windows(uid: str) -> None:
     board = BOARDS[uid]
     remap = SPEC["remap"]
-    windows = {"$__rate_interval", *(rulepack.duration(remap[k]) for k in
+    windows = {"$__rate_interval", *(gpunode_rulepack.duration(remap[k]) for k in
                                      ("acceleration_short_window", "acceleration_long_window"))}
     for query in dashboards.panel_queries(board):
         expr = dashboards.expand(query.expr, one_value_each(board), "1m", dashboard=board)
@@ -244,7 +244,7 @@ def test_sources_follow_the_spec(tmp_path: Path) -> None:
     """A signal left out of the spec leaves out its exporter."""
     override = tmp_path / "mine.yaml"
     override.write_text("precursor: {signals: {gpu_utilization: null}}\n")
-    spec = rulepack.load_spec(override)
+    spec = gpunode_rulepack.load_spec(override)
     board = dashboards.render(spec)["gpunode-cluster.json"]
     scores = next(q for q in dashboards.panel_queries(board, spec) if q.panel_title.startswith("Precursor"))
     assert scores.sources == {"gpunode", "node", "kube_state_metrics"}
@@ -254,7 +254,7 @@ def test_a_spec_override_reaches_every_query(tmp_path: Path) -> None:
     override = tmp_path / "mine.yaml"
     override.write_text("selectors: {gpunode: 'job=\"gpu\"', node: 'job=\"nodes\"', remediate: 'job=\"remediation\"'}\n"
                         "labels: {node: host, peer_group: [job, session]}\nnfs: {window: 60}\n")
-    spec = rulepack.load_spec(override)
+    spec = gpunode_rulepack.load_spec(override)
     for board in dashboards.render(spec).values():
         found = variables(board)
         assert list(found) == ["datasource", "job", "session", "node"]
@@ -299,7 +299,7 @@ def test_expand_substitutes_as_grafana_does() -> None:
 
 def test_docs_list_the_panels_and_their_exporters() -> None:
     text = DOCS.read_text()
-    assert doc.update(text, SHIPPED) == text, "docs/dashboards.md is stale: python -m rulepack.dashboards.doc"
+    assert doc.update(text, SHIPPED) == text, "docs/dashboards.md is stale: python -m gpunode_rulepack.dashboards.doc"
     needs, reads = set(), set()
     for uid, board in BOARDS.items():
         for q in dashboards.panel_queries(board):
@@ -311,7 +311,7 @@ def test_docs_list_the_panels_and_their_exporters() -> None:
 
 
 def test_cli_renders_the_same_files(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "exporter", "dashboards", "render", "--out", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "gpunode_exporter", "dashboards", "render", "--out", str(tmp_path)],
                          capture_output=True, text=True, check=True, cwd=ROOT)
     assert sorted(Path(line).name for line in out.stdout.split()) == ["gpunode-cluster.json", "gpunode-node.json"]
     for name, text in dashboards.files(SPEC).items():
@@ -322,7 +322,7 @@ def test_cli_renders_the_same_files(tmp_path: Path) -> None:
 def test_cli_rejects_a_bad_spec_in_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("labels: {nod: host}\n")
-    out = subprocess.run([sys.executable, "-m", "exporter", "dashboards", "render", "--spec", str(bad),
+    out = subprocess.run([sys.executable, "-m", "gpunode_exporter", "dashboards", "render", "--spec", str(bad),
                           "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2 and "spec.labels.nod: unknown key" in out.stderr
     assert len(out.stderr.splitlines()) == 1
@@ -331,9 +331,9 @@ def test_cli_rejects_a_bad_spec_in_one_line(tmp_path: Path) -> None:
 
 def test_cli_without_the_sdk_says_how_to_install_it(tmp_path: Path) -> None:
     script = ("import sys; sys.modules['grafana_foundation_sdk'] = None\n"
-              "from exporter.cli import main\n"
+              "from gpunode_exporter.cli import main\n"
               f"sys.exit(main(['dashboards', 'render', '--out', {str(tmp_path)!r}]))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2 and out.stdout == ""
-    assert out.stderr.splitlines() == [f"gpunode-exporter: error: {dashboards.SDK_MISSING}"]
-    assert "pip install 'gpunode-exporter[dashboards]'" in out.stderr
+    assert out.stderr.splitlines() == ["gpunode-exporter: error: dashboards render needs grafana_foundation_sdk: "
+                                       "pip install 'gpunode-exporter[dashboards]'"]

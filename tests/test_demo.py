@@ -24,8 +24,17 @@ import pytest
 from demo import scenario as scenarios
 from demo.__main__ import POLL_SECONDS, Ending, bound, main, matches, watch
 from demo.stack import DEMO_SPEC, Stack, missing_tools
-from rulepack import dashboards, load_spec
-from rulepack.dashboards.board import DCGM, JOB_PAST, JOB_RECOVERY, MEASURED_MTBF, NFS_MOUNT, PFC, RESTARTS, expand
+from gpunode_rulepack import dashboards, load_spec
+from gpunode_rulepack.dashboards.board import (
+    DCGM,
+    JOB_PAST,
+    JOB_RECOVERY,
+    MEASURED_MTBF,
+    NFS_MOUNT,
+    PFC,
+    RESTARTS,
+    expand,
+)
 from tests.helpers import Install, outside_any_venv
 from tests.netns import netns_unavailable
 

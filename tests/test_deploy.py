@@ -19,9 +19,9 @@ import requests
 import yaml
 from cloudcoil.models.prometheus_operator import v1 as monitoring
 
-from common import __version__
-from exporter import cli
-from exporter.collector import COLLECTORS
+from gpunode_common import __version__
+from gpunode_exporter import cli
+from gpunode_exporter.collector import COLLECTORS
 from tests.helpers import free_port, parse_exposition, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,7 +156,7 @@ def test_the_exporter_runs_with_the_daemonsets_arguments(tmp_path: Path) -> None
             if flag != "--web.listen-address"]
     args += [f"--web.listen-address=127.0.0.1:{port}",
              f"--nvml.simulate={ROOT / 'exporter/nvmlsim/scenarios/gpu122-uncorrectable-steps.yaml'}"]
-    server = subprocess.Popen([sys.executable, "-m", "exporter", *args], cwd=ROOT,
+    server = subprocess.Popen([sys.executable, "-m", "gpunode_exporter", *args], cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_port(port, alive=lambda: server.poll() is None)

@@ -36,11 +36,11 @@ import pytest
 import yaml
 from markdown_it import MarkdownIt
 
-from common import webconfig
-from exporter import cli, config
-from remediate import cli as remediate_cli
-from remediate import policy as policies
-from rulepack import load_spec, render
+from gpunode_common import webconfig
+from gpunode_exporter import cli, config
+from gpunode_remediate import cli as remediate_cli
+from gpunode_remediate import policy as policies
+from gpunode_rulepack import load_spec, render
 from tests import tlscerts
 from tests.helpers import MINIMAL_DEBIAN, copy_tracked_files, free_port, install_deps_tools
 

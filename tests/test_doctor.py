@@ -20,7 +20,7 @@ SCENARIO = ROOT / "exporter" / "nvmlsim" / "scenarios" / "gpu122-uncorrectable-s
 
 def doctor(*flags: str | Path, user: list[str] | None = None) -> tuple[int, dict[str, list[str]]]:
     """Exit status and {check: [its lines, fix lines included]}."""
-    done = subprocess.run([*(user or []), sys.executable, "-m", "exporter", "doctor", *map(str, flags)],
+    done = subprocess.run([*(user or []), sys.executable, "-m", "gpunode_exporter", "doctor", *map(str, flags)],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     checks: dict[str, list[str]] = {}
     name = ""

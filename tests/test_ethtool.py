@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.ethtool import Ethtool, _GuardedBuffer, _IfReq, pfc_pause_frames
+from gpunode_exporter.ethtool import Ethtool, _GuardedBuffer, _IfReq, pfc_pause_frames
 from tests.helpers import AS_NOBODY, ethtool_fixture, parse_ethtool_s, skip_unless_nobody_can_run_the_checkout
 from tests.netns import STORAGE_DEVICE, storage_netns
 
@@ -26,7 +26,7 @@ ROOT = Path(__file__).parent.parent
 
 PROBE = """
 import json, sys
-from exporter.ethtool import Ethtool, _GSTRINGS, _STATS, ETHTOOL_GSTATS, ETHTOOL_GSTRINGS, ETH_SS_STATS
+from gpunode_exporter.ethtool import Ethtool, _GSTRINGS, _STATS, ETHTOOL_GSTATS, ETHTOOL_GSTRINGS, ETH_SS_STATS
 from pyroute2.ethtool.ioctl import IoctlEthtool
 
 dev = sys.argv[1]
@@ -65,7 +65,7 @@ print(json.dumps({"first": list(first.items()), "second": list(second.items()), 
 # page (EFAULT). Both must end in a refetch, or EAGAIN. Then the device is deleted.
 CHANGING = """
 import json, subprocess, sys
-from exporter.ethtool import Ethtool, _STATS, ETHTOOL_GSTATS
+from gpunode_exporter.ethtool import Ethtool, _STATS, ETHTOOL_GSTATS
 
 dev = sys.argv[1]
 with Ethtool() as ethtool:
@@ -171,7 +171,7 @@ def test_a_changing_count_refetches_the_names() -> None:
 UNPRIVILEGED = """
 import json, os, sys
 sys.path.insert(0, sys.argv[2])
-from exporter.ethtool import Ethtool
+from gpunode_exporter.ethtool import Ethtool
 with Ethtool() as ethtool:
     print(json.dumps({"uid": os.geteuid(), "stats": list(ethtool.stats(sys.argv[1]))}))
 """

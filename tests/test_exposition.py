@@ -16,8 +16,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from render import client_render, reference_families  # noqa: E402
 
-from common.exposition import Renderer, valid_utf8  # noqa: E402
-from exporter.collector.base import Family, MetricSpec  # noqa: E402
+from gpunode_common.exposition import Renderer, valid_utf8  # noqa: E402
+from gpunode_exporter.collector.base import Family, MetricSpec  # noqa: E402
 
 Parsed = list[tuple[str, str, str, list[tuple[str, tuple[tuple[str, str], ...], str]]]]
 

@@ -8,10 +8,10 @@ import itertools
 import numpy as np
 import pytest
 
-from common.config import ConfigError
 from fleet import jobs, scenario
 from fleet.scenario import _build
 from fleet.simulate import Fleet, node_name
+from gpunode_common.config import ConfigError
 
 DAY = 86400.0
 

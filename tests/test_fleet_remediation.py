@@ -14,7 +14,7 @@ from fleet import harness, remediation
 from fleet.harness import Firing
 from fleet.remediation import POLICY, inhibitions, matcher, muted, replay, score, storm
 from fleet.simulate import Truth
-from remediate.policy import Budget
+from gpunode_remediate.policy import Budget
 
 T = 1_700_000_000.0
 NODES = [f"gpu{n:03d}" for n in range(40)]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, Install
+from tests.helpers import FOLDERS, ROOT, Install, fresh_install
 
 # The fresh installs (conftest.py) are made once per test process: the tests that use them share one.
 pytestmark = pytest.mark.xdist_group("fresh_install")
@@ -22,9 +22,12 @@ pytestmark = pytest.mark.xdist_group("fresh_install")
 # Packages the [test] extra brings and no make target but `make test` installs: neither the run nor the
 # demo install may have them, or this module proves nothing.
 TEST_ONLY = ("numpy", "pytest", "prometheus_client", "hypothesis", "pyroute2", "grafana_foundation_sdk", "matplotlib")
-# Modules of the package that need an optional extra ([dashboards]: Grafana's SDK; [report]: numpy and
-# matplotlib); their command says so.
-OPTIONAL = {"rulepack.dashboards": "grafana_foundation_sdk", "report": "numpy"}
+# What a GPU node runs is the node agent: none of the libraries of the rule pack, the dashboards or
+# the report ([rules], [dashboards], [report] in pyproject.toml) may come with `make run`'s install.
+EXTRAS_ONLY = ("jinja2", "promql_parser", "grafana_foundation_sdk", "numpy", "matplotlib")
+# Modules of the package that need an optional extra ([dashboards]: Grafana's SDK and promql-parser;
+# [report]: numpy and matplotlib); their command says so.
+OPTIONAL = {"gpunode_rulepack.dashboards": ("grafana_foundation_sdk", "promql_parser"), "gpunode_report": ("numpy",)}
 
 IMPORT_EACH = """
 import importlib, sys, traceback
@@ -38,9 +41,9 @@ for name in sys.argv[1:]:
 
 
 def modules(package: str) -> list[str]:
-    """Every module of a package in the checkout, the package included; not __main__, which runs the
-    program (the tests of `--help` start those)."""
-    found = pkgutil.walk_packages([str(ROOT / package.replace(".", "/"))], prefix=f"{package}.")
+    """Every module of a package in the checkout, by its import name, the package included; not
+    __main__, which runs the program (the tests of `--help` start those)."""
+    found = pkgutil.walk_packages([str(ROOT / FOLDERS.get(package, package))], prefix=f"{package}.")
     return [package, *(m.name for m in found if not m.name.endswith(".__main__"))]
 
 
@@ -61,12 +64,16 @@ def test_the_install_holds_no_test_only_package(target: str, request: pytest.Fix
 
 def test_every_module_of_the_installed_commands_imports_with_make_runs_install(run_install: Install) -> None:
     """Lazy imports included (the doctor, `rules render`, the remediation service's engine and server)."""
-    failed = failed_imports(run_install, [m for p in ("common", "exporter", "rulepack", "report", "remediate")
-                                          for m in modules(p)])
+    failed = failed_imports(run_install, [m for p in FOLDERS for m in modules(p)])
     unexpected = {name: error for name, (missing, error) in failed.items()
-                  if not any(name.startswith(prefix) and missing == extra for prefix, extra in OPTIONAL.items())}
+                  if not any(name.startswith(prefix) and missing in extra for prefix, extra in OPTIONAL.items())}
     assert unexpected == {}
-    assert {"rulepack.dashboards.board", "report.build"} <= set(failed)  # the extras really are missing
+    assert {"gpunode_rulepack.dashboards.board", "gpunode_report.build"} <= set(failed)  # the extras really are missing
+
+
+def test_a_nodes_install_holds_no_library_of_the_extras(run_install: Install) -> None:
+    assert {name for name, (missing, _) in failed_imports(run_install, list(EXTRAS_ONLY)).items() if missing == name} \
+        == set(EXTRAS_ONLY)
 
 
 @pytest.mark.parametrize("command", ["gpunode-exporter", "gpunode-remediate"])
@@ -75,20 +82,29 @@ def test_the_installed_commands_start(run_install: Install, command: str) -> Non
     assert done.returncode == 0 and "usage:" in done.stdout, done.stderr
 
 
-def test_rules_render_and_the_doctor_run_with_make_runs_install(run_install: Install, tmp_path: Path) -> None:
-    rendered = run_install.run("gpunode-exporter", "rules", "render", "--out", str(tmp_path / "rules"))
-    assert rendered.returncode == 0, rendered.stderr
-    assert (tmp_path / "rules" / "exporter.rules.yml").is_file()
+def test_the_doctor_runs_with_make_runs_install(run_install: Install) -> None:
     doctor = run_install.run("gpunode-exporter", "doctor")
     assert doctor.returncode in (0, 1) and "Traceback" not in doctor.stderr, doctor.stderr
     assert doctor.stdout.strip()
 
 
-def test_dashboards_render_without_its_extra_says_what_to_install(run_install: Install, tmp_path: Path) -> None:
-    done = run_install.run("gpunode-exporter", "dashboards", "render", "--out", str(tmp_path))
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "pip install 'gpunode-exporter[dashboards]'" in done.stderr
+@pytest.mark.parametrize("command", ["rules", "dashboards"])
+def test_rendering_without_its_extra_says_what_to_install(run_install: Install, tmp_path: Path, command: str) -> None:
+    done = run_install.run("gpunode-exporter", command, "render", "--out", str(tmp_path))
+    assert done.returncode == 2 and "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert f"pip install 'gpunode-exporter[{command}]'" in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_make_rules_install_renders_the_committed_rules(tmp_path: Path) -> None:
+    """`make rules` installs the [rules] extra and regenerates the committed files byte for byte."""
+    install = fresh_install(tmp_path, "rules")
+    for target in ("prometheus", "vmalert"):
+        out = tmp_path / target
+        done = install.run("gpunode-exporter", "rules", "render", "--target", target, "--out", str(out))
+        assert done.returncode == 0, done.stderr
+        assert {p.name: p.read_text() for p in out.iterdir()} == {
+            p.name: p.read_text() for p in (ROOT / "rules" / target).glob("*.yml")}
 
 
 def test_the_report_without_its_extra_says_what_to_install(run_install: Install, tmp_path: Path) -> None:

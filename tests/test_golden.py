@@ -55,7 +55,7 @@ _XID_TIME = re.compile(r"^(gpunode_xid_last_event_timestamp_seconds\{.*\}) .*$",
 
 def dump(netns: str, scenario: str) -> str:
     cmd = ["ip", "netns", "exec", netns, "unshare", "--mount", "--propagation", "private", "sh", "-c",
-           f'{_STAGING} && exec "$@"', "sh", sys.executable, "-m", "exporter", "dump", *SCENARIOS[scenario]]
+           f'{_STAGING} && exec "$@"', "sh", sys.executable, "-m", "gpunode_exporter", "dump", *SCENARIOS[scenario]]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=HERE.parent)
     return out.stdout
 

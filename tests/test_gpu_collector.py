@@ -17,13 +17,13 @@ import pytest
 import requests
 import yaml
 
-from exporter import nvmlsim
-from exporter.collector import gpu_straggler
-from exporter.collector.base import Context
-from exporter.collector.gpu import GPUCollector
-from exporter.config import Config, GPUConfig
-from exporter.nvmlsim import scenario as simscenario
-from exporter.scrape import Scraper
+from gpunode_exporter import nvmlsim
+from gpunode_exporter.collector import gpu_straggler
+from gpunode_exporter.collector.base import Context
+from gpunode_exporter.collector.gpu import GPUCollector
+from gpunode_exporter.config import Config, GPUConfig
+from gpunode_exporter.nvmlsim import scenario as simscenario
+from gpunode_exporter.scrape import Scraper
 from tests.helpers import Series, SimClock, free_port, parse_exposition, render, simulated_nvml, wait_for_port
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -271,7 +271,7 @@ def test_served_with_the_real_clock_and_speedup(tmp_path: Path) -> None:
     scenario = tmp_path / "s.yaml"
     scenario.write_text(yaml.safe_dump({**node(lost_at="1m"), "speedup": 30}))
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "exporter", "--no-collector.nfs", "--nvml.simulate",
+    server = subprocess.Popen([sys.executable, "-m", "gpunode_exporter", "--no-collector.nfs", "--nvml.simulate",
                                str(scenario), "--web.listen-address", f"127.0.0.1:{port}",
                                "--path.state", str(tmp_path / "state")],
                               cwd=Path(__file__).parent.parent, stderr=subprocess.DEVNULL)

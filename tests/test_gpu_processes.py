@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from exporter.gpu_processes import ProcessTracker
-from exporter.procfs.pid import IO, PidFileError, parse_stat
+from gpunode_exporter.gpu_processes import ProcessTracker
+from gpunode_exporter.procfs.pid import IO, PidFileError, parse_stat
 from tests.fakeproc import IO_TEXT, STAT, FakeProc
 
 
@@ -377,7 +377,7 @@ def test_unprivileged_reader_is_told_so(tmp_path: Path) -> None:
     try:
         holder.stdout.readline()
         # Import first: the interpreter's own files may be readable by root only.
-        probe = ("import os; from pathlib import Path; from exporter.gpu_processes import ProcessTracker\n"
+        probe = ("import os; from pathlib import Path; from gpunode_exporter.gpu_processes import ProcessTracker\n"
                  "tracker = ProcessTracker(Path('/proc')); os.setgid(65534); os.setuid(65534)\n"
                  "s = tracker.scan(); print(s.processes, s.fds_denied)")
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,

@@ -14,11 +14,11 @@ from typing import Any
 import pynvml
 import pytest
 
-from exporter import nvmlsim
-from exporter.collector import gpu_straggler
-from exporter.collector.base import Context
-from exporter.collector.gpu import GPUCollector
-from exporter.config import Config, GPUConfig
+from gpunode_exporter import nvmlsim
+from gpunode_exporter.collector import gpu_straggler
+from gpunode_exporter.collector.base import Context
+from gpunode_exporter.collector.gpu import GPUCollector
+from gpunode_exporter.config import Config, GPUConfig
 from tests.helpers import SimClock, render, simulated_nvml
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -23,16 +23,16 @@ import bcrypt
 import pytest
 import requests
 
-from common.exposition import Renderer
-from common.http import accepts_gzip, make_handler, make_server
-from common.webconfig import WebConfig, _dummy_hash
-from exporter.collector.base import MetricSpec
-from exporter.gpu_processes import ProcessTracker
-from exporter.nvml import Session
-from exporter.xid import state as statefile
-from exporter.xid import tracker as trackermod
-from exporter.xid.gpus import GpuDirectory
-from exporter.xid.tracker import XidTracker
+from gpunode_common.exposition import Renderer
+from gpunode_common.http import accepts_gzip, make_handler, make_server
+from gpunode_common.webconfig import WebConfig, _dummy_hash
+from gpunode_exporter.collector.base import MetricSpec
+from gpunode_exporter.gpu_processes import ProcessTracker
+from gpunode_exporter.nvml import Session
+from gpunode_exporter.xid import state as statefile
+from gpunode_exporter.xid import tracker as trackermod
+from gpunode_exporter.xid.gpus import GpuDirectory
+from gpunode_exporter.xid.tracker import XidTracker
 from tests.helpers import free_port, parse_exposition
 
 ROOT = Path(__file__).parent.parent
@@ -342,7 +342,8 @@ def test_dump_exits_when_a_source_blocks(tmp_path: Path) -> None:
     os.mkfifo(procfs / "self" / "mountstats")  # reads as a hung NFS read would: forever
     config = tmp_path / "config.yaml"
     config.write_text("collector_timeout_seconds: 1\n")
-    out = subprocess.run([sys.executable, "-m", "exporter", "dump", "--collector.disable-defaults", "--collector.nfs",
+    out = subprocess.run([sys.executable, "-m", "gpunode_exporter", "dump", "--collector.disable-defaults",
+                          "--collector.nfs",
                           "--path.procfs", str(procfs), "--config.file", str(config)],
                          capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert out.returncode == 0, out.stderr

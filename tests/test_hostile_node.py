@@ -97,12 +97,13 @@ def _stable(series: Series) -> Series:
 @pytest.fixture(scope="module")
 def scrapes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Series, str, Path]:
     clean = tmp_path_factory.mktemp("clean")
-    out = subprocess.run([sys.executable, "-m", "exporter", "dump", *_node(clean, hostile=False)],
+    out = subprocess.run([sys.executable, "-m", "gpunode_exporter", "dump", *_node(clean, hostile=False)],
                          capture_output=True, text=True, cwd=ROOT, timeout=60, check=True)
     root = tmp_path_factory.mktemp("hostile")
     flags = _node(root, hostile=True)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", *flags, "--web.listen-address", f"127.0.0.1:{port}"],
+    proc = subprocess.Popen([sys.executable, "-m", "gpunode_exporter", *flags,
+                             "--web.listen-address", f"127.0.0.1:{port}"],
                             cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_port(port, alive=lambda: proc.poll() is None)

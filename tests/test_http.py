@@ -16,8 +16,8 @@ import bcrypt
 import pytest
 import requests
 
-from common.http import make_handler, make_server
-from common.webconfig import WebConfig
+from gpunode_common.http import make_handler, make_server
+from gpunode_common.webconfig import WebConfig
 from tests import tlscerts
 from tests.helpers import free_port, wait_for_port
 
@@ -31,7 +31,7 @@ class Server:
         self.port = free_port()
         self.state = tempfile.TemporaryDirectory()  # Xid state: not the host's /var/lib
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "--web.listen-address", f"{host}:{self.port}",
+            [sys.executable, "-m", "gpunode_exporter", "--web.listen-address", f"{host}:{self.port}",
              "--path.procfs", str(EDGE), "--path.state", self.state.name, *flags],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for_port(self.port, alive=lambda: self.proc.poll() is None)
@@ -143,7 +143,7 @@ def test_mutual_tls_requires_a_client_certificate(server_factory, tmp_path: Path
     ("tls_config:\n  cert_file: a\n", "unknown key 'web.tls_config'"),
 ])
 def test_bad_web_config_exits_2(tmp_path: Path, config: str, message: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "exporter", "--web.config.file", web_config(tmp_path, config),
+    out = subprocess.run([sys.executable, "-m", "gpunode_exporter", "--web.config.file", web_config(tmp_path, config),
                           "--web.listen-address", f"127.0.0.1:{free_port()}"],
                          capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
@@ -151,7 +151,7 @@ def test_bad_web_config_exits_2(tmp_path: Path, config: str, message: str) -> No
 
 @pytest.mark.parametrize("address", ["9100", "127.0.0.1:notaport", "::1:9100", "127.0.0.1:70000"])
 def test_bad_listen_address_exits_2(address: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "exporter", "--web.listen-address", address],
+    out = subprocess.run([sys.executable, "-m", "gpunode_exporter", "--web.listen-address", address],
                          capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert out.returncode == 2 and "--web.listen-address" in out.stderr
 
@@ -161,7 +161,7 @@ def test_port_in_use_is_reported() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        out = subprocess.run([sys.executable, "-m", "exporter", "--web.listen-address", f"127.0.0.1:{port}"],
+        out = subprocess.run([sys.executable, "-m", "gpunode_exporter", "--web.listen-address", f"127.0.0.1:{port}"],
                              capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert out.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in out.stderr
 

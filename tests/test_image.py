@@ -28,7 +28,7 @@ import pytest
 import requests
 import yaml
 
-from exporter import cli, collectors
+from gpunode_exporter import cli, collectors
 from tests import rootfs
 from tests.helpers import free_port, parse_exposition, wait_for_port
 

@@ -12,31 +12,36 @@ import sys
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PROGRAMS = ("common", "exporter", "rulepack", "report", "remediate")
+from tests.helpers import FOLDERS, ROOT
+
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+PROGRAMS = tuple(FOLDERS)
 # Which install each program comes with (pyproject.toml): the package's dependencies, and its extra.
-EXTRA = {"rulepack": "dashboards", "report": "report"}
+EXTRAS = {"gpunode_rulepack": ("rules", "dashboards"), "gpunode_report": ("report",)}
 # What each program's package may import of the project's own.
-OWN = {"common": {"common"}, "exporter": {"common", "exporter"}, "rulepack": {"common", "rulepack"},
-       "report": {"common", "report", "rulepack"},  # the rule pack's spec: the report's selectors
-       "remediate": {"common", "remediate"}}
-DISPATCHER = "exporter.cli"  # dispatches to rulepack.cli and report.cli, inside functions
-# Packages whose modules the graph reads for circles, with the directory their names start in.
-GRAPHED = [(ROOT, p) for p in (*PROGRAMS, "fleet", "demo", "tests")] + [
-    (ROOT / "benchmarks", p.name) for p in sorted((ROOT / "benchmarks").glob("*_bench"))]
+OWN = {"gpunode_common": {"gpunode_common"}, "gpunode_exporter": {"gpunode_common", "gpunode_exporter"},
+       "gpunode_rulepack": {"gpunode_common", "gpunode_rulepack"},
+       # the rule pack's spec: the report's selectors
+       "gpunode_report": {"gpunode_common", "gpunode_report", "gpunode_rulepack"},
+       "gpunode_remediate": {"gpunode_common", "gpunode_remediate"}}
+DISPATCHER = "gpunode_exporter.cli"  # dispatches to gpunode_rulepack.cli and gpunode_report.cli, inside functions
+# Packages whose modules the graph reads for circles: (the directory their folder is in, the folder, the
+# import name).
+GRAPHED = [(ROOT, FOLDERS.get(p, p), p) for p in (*PROGRAMS, "fleet", "demo", "tests")] + [
+    (ROOT / "benchmarks", p.name, p.name) for p in sorted((ROOT / "benchmarks").glob("*_bench"))]
 
 
-def modules(base: Path, package: str) -> dict[str, Path]:
+def modules(base: Path, folder: str, package: str) -> dict[str, Path]:
     found = {}
-    for path in sorted((base / package).rglob("*.py")):
+    for path in sorted((base / folder).rglob("*.py")):
         if "fixtures" in path.parts:
             continue
-        name = ".".join(path.relative_to(base).with_suffix("").parts)
+        name = ".".join((package, *path.relative_to(base / folder).with_suffix("").parts))
         found[name.removesuffix(".__init__")] = path
     return found
 
 
-ALL = {name: path for base, package in GRAPHED for name, path in modules(base, package).items()}
+ALL = {name: path for base, folder, package in GRAPHED for name, path in modules(base, folder, package).items()}
 
 
 def imports(name: str, path: Path) -> list[tuple[str, bool]]:
@@ -113,7 +118,7 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def third_party(program: str) -> dict[str, set[str]]:
     """module -> the libraries (top-level import names) it imports from outside the project."""
-    first = {package for _, package in GRAPHED}
+    first = {package for _, _, package in GRAPHED}
     out = {}
     for name, path in ALL.items():
         if name.split(".")[0] == program:
@@ -124,10 +129,10 @@ def third_party(program: str) -> dict[str, set[str]]:
 
 def installed_by(program: str) -> set[str]:
     """The import names of the distributions the program's install brings (pyproject.toml)."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = PROJECT["project"]
     wanted = list(project["dependencies"])
-    if program in EXTRA:
-        wanted += project["optional-dependencies"][EXTRA[program]]
+    for extra in EXTRAS.get(program, ()):
+        wanted += project["optional-dependencies"][extra]
     names = {re.split(r"[<>=!~\[ ;]", w, maxsplit=1)[0].lower().replace("_", "-") for w in wanted}
     return {module for module, dists in importlib.metadata.packages_distributions().items()
             if any(d.lower().replace("_", "-") in names for d in dists)}
@@ -149,9 +154,9 @@ def test_each_program_imports_only_its_own_and_what_it_shares() -> None:
             continue
         for target, module_level in imports(name, path):
             first = target.split(".")[0]
-            if first not in {p for _, p in GRAPHED} or first in OWN[program]:
+            if first not in {p for _, _, p in GRAPHED} or first in OWN[program]:
                 continue
-            if name == DISPATCHER and target in ("rulepack.cli", "report.cli") and not module_level:
+            if name == DISPATCHER and target in ("gpunode_rulepack.cli", "gpunode_report.cli") and not module_level:
                 continue
             wrong.append(f"{name} imports {target}")
     assert not wrong
@@ -165,8 +170,9 @@ def test_each_program_imports_only_what_its_install_brings() -> None:
 
 
 def test_the_node_agent_imports_none_of_the_other_programs_libraries() -> None:
-    theirs = set().union(*(libs for program in ("rulepack", "report") for libs in third_party(program).values()))
-    ours = set().union(*third_party("exporter").values())
+    theirs = set().union(*(libs for program in ("gpunode_rulepack", "gpunode_report")
+                           for libs in third_party(program).values()))
+    ours = set().union(*third_party("gpunode_exporter").values())
     assert theirs - {"yaml"} and not ours & (theirs - {"yaml"}), ours & theirs
     assert {"jinja2", "numpy"} <= theirs  # the reading still sees their libraries
 
@@ -174,4 +180,4 @@ def test_the_node_agent_imports_none_of_the_other_programs_libraries() -> None:
 def test_no_benchmark_script_hides_a_package() -> None:
     # A script's directory comes first on sys.path: benchmarks/report.py would be `import report`.
     scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py")}
-    assert not scripts & {p for _, p in GRAPHED}
+    assert not scripts & {p for _, _, p in GRAPHED}

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from common.config import ConfigError
 from fleet import jobreplay
 from fleet.jobcluster import build
 from fleet.jobreplay import Result, gaps, healthy_excluded, lemon_attempts, replay, table
+from gpunode_common.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAINS, CRASH_LOOP = jobreplay.SHIPPED

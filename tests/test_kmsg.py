@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.kmsg import MAX_LINE, KmsgReader, parse_record, unescape
+from gpunode_exporter.kmsg import MAX_LINE, KmsgReader, parse_record, unescape
 
 
 def test_record_fields() -> None:

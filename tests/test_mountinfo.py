@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporter.procfs.mountinfo import nfs_server_addresses
+from gpunode_exporter.procfs.mountinfo import nfs_server_addresses
 
 REAL = (  # from a Debian bookworm host, NFS lines added in the kernel's format
     "22 28 0:21 / /proc rw,nosuid,nodev,noexec,relatime shared:12 - proc proc rw\n"

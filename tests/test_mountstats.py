@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.procfs import mountstats
+from gpunode_exporter.procfs import mountstats
 
 REAL = Path(__file__).parent / "fixtures" / "mountstats-real"
 

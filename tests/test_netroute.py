@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.netroute import CachedLookup, parse_reply
+from gpunode_exporter.netroute import CachedLookup, parse_reply
 from tests.netns import STORAGE_DEVICE, storage_netns
 
 ROOT = Path(__file__).parent.parent
@@ -19,7 +19,7 @@ ADDRESSES = ["10.20.0.5", "10.20.255.1", "192.0.2.1", "127.0.0.1", "fd20::9", "f
 PROBE = """
 import json, sys
 from pyroute2 import IPRoute
-from exporter.netroute import route_device
+from gpunode_exporter.netroute import route_device
 
 def pyroute2_device(address):
     try:
@@ -61,7 +61,7 @@ def test_garbage_replies_mean_no_route(reply: bytes) -> None:
 def test_cached_lookup_asks_once_per_ttl(monkeypatch) -> None:
     calls: list[str] = []
     now = [1000.0]
-    monkeypatch.setattr("exporter.netroute.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("gpunode_exporter.netroute.time.monotonic", lambda: now[0])
     lookup = CachedLookup(lambda a: calls.append(a) or "eth9", ttl=60)
     assert lookup("10.0.0.1") == lookup("10.0.0.1") == "eth9"
     now[0] += 59

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.config import ConfigError
-from exporter import config
-from exporter.collector.nfs import NFSCollector, transport_series_name
-from exporter.config import NFS_TRANSPORT_SERIES_ALL, NFSConfig
+from gpunode_common.config import ConfigError
+from gpunode_exporter import config
+from gpunode_exporter.collector.nfs import NFSCollector, transport_series_name
+from gpunode_exporter.config import NFS_TRANSPORT_SERIES_ALL, NFSConfig
 from tests.helpers import collect_samples, nfs_context
 
 FIXTURES = Path(__file__).parent / "fixtures" / "procfs"
@@ -248,7 +248,7 @@ def test_all_may_be_written_without_brackets(tmp_path: Path) -> None:
 
 
 def test_the_rule_pack_and_dashboards_read_only_served_operations() -> None:
-    from rulepack import shipped_spec
+    from gpunode_rulepack import shipped_spec
 
     wanted = re.fullmatch(r'op=~"(.*)"', shipped_spec()["nfs"]["ops"]).group(1).split("|")
     assert set(wanted) <= set(NFSConfig().operations)

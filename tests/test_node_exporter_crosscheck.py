@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collector.nfs import NFSCollector
-from exporter.procfs import mountstats
+from gpunode_exporter.collector.nfs import NFSCollector
+from gpunode_exporter.procfs import mountstats
 from tests.helpers import collect_samples, free_port, nfs_context, parse_exposition, wait_for_port
 
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")

@@ -11,11 +11,11 @@ import pynvml
 import pytest
 import yaml
 
-from common.config import ConfigError
-from exporter import nvmlsim
-from exporter.nvmlsim import library
-from exporter.nvmlsim.library import FUNCTIONS
-from exporter.nvmlsim.scenario import build
+from gpunode_common.config import ConfigError
+from gpunode_exporter import nvmlsim
+from gpunode_exporter.nvmlsim import library
+from gpunode_exporter.nvmlsim.library import FUNCTIONS
+from gpunode_exporter.nvmlsim.scenario import build
 from tests.helpers import SimClock, simulated_nvml
 
 UUID = "GPU-00000000-0000-0000-0000-0000000000{:02x}"

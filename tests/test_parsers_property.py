@@ -21,20 +21,20 @@ import pynvml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import rulepack
-from common import webconfig
-from common.config import ConfigError
-from exporter import numbers
-from exporter.collector import gpu_straggler
-from exporter.ethtool import pfc_pause_frames
-from exporter.gpu_processes import ProcessTracker
-from exporter.kmsg import parse_record
-from exporter.nvml import Device, GPULostError, Session
-from exporter.procfs import cgroup, mountinfo, mountstats, pid
-from exporter.procfs.pid import IO
-from exporter.sysfs import net
-from exporter.xid import state as statefile
-from exporter.xid.parse import parse_xid
+import gpunode_rulepack
+from gpunode_common import webconfig
+from gpunode_common.config import ConfigError
+from gpunode_exporter import numbers
+from gpunode_exporter.collector import gpu_straggler
+from gpunode_exporter.ethtool import pfc_pause_frames
+from gpunode_exporter.gpu_processes import ProcessTracker
+from gpunode_exporter.kmsg import parse_record
+from gpunode_exporter.nvml import Device, GPULostError, Session
+from gpunode_exporter.procfs import cgroup, mountinfo, mountstats, pid
+from gpunode_exporter.procfs.pid import IO
+from gpunode_exporter.sysfs import net
+from gpunode_exporter.xid import state as statefile
+from gpunode_exporter.xid.parse import parse_xid
 from tests.fakeproc import STAT, FakeProc
 
 EXAMPLES = 300
@@ -421,7 +421,7 @@ def test_web_config(data: object) -> None:
             webconfig.load(path)
 
 
-_SPEC = rulepack.shipped_spec()
+_SPEC = gpunode_rulepack.shipped_spec()
 
 
 def _spec_override(data: st.DataObject) -> dict:
@@ -445,4 +445,4 @@ def test_rule_spec(data: st.DataObject) -> None:
         path = Path(directory) / "spec.yaml"
         path.write_text(json.dumps(_spec_override(data)))
         with contextlib.suppress(ConfigError):
-            rulepack.render(rulepack.load_spec(path))
+            gpunode_rulepack.render(gpunode_rulepack.load_spec(path))

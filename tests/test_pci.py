@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sysfs.pci import PCIGPU, BusScanner, canonical_bus_id, nvidia_gpus
+from gpunode_exporter.sysfs.pci import PCIGPU, BusScanner, canonical_bus_id, nvidia_gpus
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
 DGX = FIXTURES / "dgx-h100"

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
-from exporter import process
+from gpunode_exporter import process
 
 # How far two readings a moment apart may differ.
 SLACK = {"process_start_time_seconds": 0.01, "process_max_fds": 0, "process_open_fds": 2,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter import docs
+from gpunode_exporter import docs
 
 README = Path(__file__).parent.parent / "README.md"
 
@@ -27,7 +27,7 @@ def test_the_process_metrics_served_are_documented() -> None:
     from prometheus_client import CollectorRegistry
     from prometheus_client.process_collector import ProcessCollector
 
-    from exporter import process
+    from gpunode_exporter import process
 
     registry = CollectorRegistry(auto_describe=False)
     ProcessCollector(registry=registry)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from remediate import alerts
+from gpunode_remediate import alerts
 from tests.remediation import alert_json, notification, rfc3339
 from tests.test_parsers_property import SETTINGS
 

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from common.exposition import Renderer
-from remediate import metrics
-from remediate.alerts import parse
-from remediate.cli import breaker_command, status_text
-from remediate.engine import Engine
-from remediate.plan import Step
-from remediate.policy import build
-from remediate.scheduler import build as scheduler
-from remediate.state import State
+from gpunode_common.exposition import Renderer
+from gpunode_remediate import metrics
+from gpunode_remediate.alerts import parse
+from gpunode_remediate.cli import breaker_command, status_text
+from gpunode_remediate.engine import Engine
+from gpunode_remediate.plan import Step
+from gpunode_remediate.policy import build
+from gpunode_remediate.scheduler import build as scheduler
+from gpunode_remediate.state import State
 from tests.remediation import alert_json, notification
 
 SCRIPT = r'''

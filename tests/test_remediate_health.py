@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from remediate.health import gpu_trouble
+from gpunode_remediate.health import gpu_trouble
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "exporter" / "nvmlsim" / "scenarios"
@@ -16,7 +16,8 @@ SCENARIOS = ROOT / "exporter" / "nvmlsim" / "scenarios"
 
 def dump(tmp_path: Path, scenario: str, expected: int) -> str:
     (tmp_path / "config.yml").write_text(f"gpu: {{expected_count: {expected}}}\n")
-    out = subprocess.run([sys.executable, "-m", "exporter", "dump", "--collector.disable-defaults", "--collector.gpu",
+    out = subprocess.run([sys.executable, "-m", "gpunode_exporter", "dump", "--collector.disable-defaults",
+                          "--collector.gpu",
                           "--nvml.simulate", str(SCENARIOS / scenario), "--config.file", str(tmp_path / "config.yml"),
                           "--path.state", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -43,6 +44,7 @@ def test_odd_answers(text: str, trouble: str | None) -> None:
 
 
 def test_flags_are_spelled_in_full_in_the_exporter_too() -> None:
-    out = subprocess.run([sys.executable, "-m", "exporter", "dump", "--path.stat=/var/lib/x"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "gpunode_exporter", "dump", "--path.stat=/var/lib/x"],
+                         capture_output=True,
                          text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 2 and "unrecognized arguments: --path.stat=/var/lib/x" in out.stderr

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from remediate.jobs import End, JobView, abnormal, blames, decide, lemons, selected
-from remediate.plan import NodeView
-from remediate.policy import build
-from remediate.recovery import Recovery
-from remediate.scheduler.slurm import JOB_FIELDS, job_view
-from remediate.state import State
+from gpunode_remediate.jobs import End, JobView, abnormal, blames, decide, lemons, selected
+from gpunode_remediate.plan import NodeView
+from gpunode_remediate.policy import build
+from gpunode_remediate.recovery import Recovery
+from gpunode_remediate.scheduler.slurm import JOB_FIELDS, job_view
+from gpunode_remediate.state import State
 from tests.remediation import alert
 
 POLICY = build({"jobs": {"enabled": True, "culprit_wait": "60s"}})

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from demo.slurm import NODE_VAR
-from remediate.scheduler.slurm import expand_hostlist
+from gpunode_remediate.scheduler.slurm import expand_hostlist
 from tests.remediation import alert_json, rfc3339
 from tests.slurm import SlurmCluster, _tool, flags, slurm_cluster
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from remediate.plan import MARKER, History, NodeView, Record, Step, counted, plan
-from remediate.policy import build
+from gpunode_remediate.plan import MARKER, History, NodeView, Record, Step, counted, plan
+from gpunode_remediate.policy import build
 from tests.remediation import alert
 
 NODES = [f"gpu{i:03d}" for i in range(1, 41)]

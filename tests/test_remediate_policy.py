@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from common.config import ConfigError
-from remediate import policy as policies
-from remediate.scheduler.slurm import expand_hostlist, fields, node_view
+from gpunode_common.config import ConfigError
+from gpunode_remediate import policy as policies
+from gpunode_remediate.scheduler.slurm import expand_hostlist, fields, node_view
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,7 +60,7 @@ def test_check_says_valid_or_one_line_and_exit_2(tmp_path: Path) -> None:
     good, bad = tmp_path / "good.yml", tmp_path / "bad.yml"
     good.write_text("mode: enforce\nreset_command: [/usr/local/sbin/gpu-reset, '{node}', '{gpu}']\n")
     bad.write_text("mode: enforce\nbudget: {fracton: 0.1}\n")
-    run = [sys.executable, "-m", "remediate", "check", "--config.file"]
+    run = [sys.executable, "-m", "gpunode_remediate", "check", "--config.file"]
     ok = subprocess.run([*run, str(good)], capture_output=True, text=True, cwd=ROOT)
     assert ok.returncode == 0 and "valid (enforce, scheduler slurm" in ok.stdout
     no = subprocess.run([*run, str(bad)], capture_output=True, text=True, cwd=ROOT)
@@ -69,7 +69,8 @@ def test_check_says_valid_or_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 def test_flags_are_spelled_in_full() -> None:
-    out = subprocess.run([sys.executable, "-m", "remediate", "serve", "--config.file", "x", "--web.listen", ":1"],
+    out = subprocess.run([sys.executable, "-m", "gpunode_remediate", "serve", "--config.file", "x",
+                          "--web.listen", ":1"],
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2 and "unrecognized arguments: --web.listen :1" in out.stderr
 

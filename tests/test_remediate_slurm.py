@@ -54,7 +54,7 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("exporter")
     (tmp / "config.yml").write_text("gpu: {expected_count: 8}\n")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--web.listen-address", f"127.0.0.1:{port}",
+    proc = subprocess.Popen([sys.executable, "-m", "gpunode_exporter", "--web.listen-address", f"127.0.0.1:{port}",
                              "--nvml.simulate", str(HEALTHY), "--config.file", str(tmp / "config.yml"),
                              "--path.state", str(tmp), "--collector.disable-defaults", "--collector.gpu"],
                             cwd=ROOT, stderr=subprocess.DEVNULL)
@@ -92,7 +92,8 @@ class Service:
 
     def start(self, *extra: str) -> Service:
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "remediate", "serve", "--config.file", str(self.policy),
+            self.proc = subprocess.Popen([sys.executable, "-m", "gpunode_remediate", "serve",
+                                          "--config.file", str(self.policy),
                                           "--web.listen-address", f"127.0.0.1:{self.port}", *extra],
                                          cwd=ROOT, env=self.cluster.env, stderr=log)
         wait_for_port(self.port, lambda: self.proc.poll() is None)
@@ -114,7 +115,7 @@ class Service:
         return parse_exposition(response.text)
 
     def command(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "remediate", *args, "--config.file", str(self.policy)],
+        return subprocess.run([sys.executable, "-m", "gpunode_remediate", *args, "--config.file", str(self.policy)],
                               capture_output=True, text=True, cwd=ROOT, env=self.cluster.env, timeout=60)
 
     def resets_done(self) -> list[str]:

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from report import failures, goodput, jobs, markdown, pace, source
-from report.source import ReportError, Source, _number, _numbers, parse_time
+from gpunode_report import failures, goodput, jobs, markdown, pace, source
+from gpunode_report.source import ReportError, Source, _number, _numbers, parse_time
 
 NOW = 1_800_000_000.0
 
@@ -278,12 +278,12 @@ def test_cause_alerts_are_keyed_by_their_cause_label() -> None:
 
 
 def _report(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporter", "report", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "gpunode_exporter", "report", *args], capture_output=True, text=True,
                           timeout=120)
 
 
 def test_an_unreachable_backend_is_one_line_and_exit_2(tmp_path) -> None:
-    from common.http import free_port
+    from gpunode_common.http import free_port
 
     done = _report("--prometheus.url", f"http://127.0.0.1:{free_port()}", "--output", str(tmp_path))
     assert done.returncode == 2

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from common.http import free_port
 from fleet import harness
 from fleet.__main__ import main as fleet_main
-from report.source import parse_time
+from gpunode_common.http import free_port
+from gpunode_report.source import parse_time
 from tests.helpers import wait_for_port
 
 # A rule replay runs one vmalert per CPU (fleet/harness.py): one replay at a time.
@@ -121,7 +121,7 @@ def empty_vm(tmp_path: Path, request: pytest.FixtureRequest):
 
 
 def _report(url: str, out: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporter", "report", "--prometheus.url", url, "--from=-2d",
+    return subprocess.run([sys.executable, "-m", "gpunode_exporter", "report", "--prometheus.url", url, "--from=-2d",
                            "--output", str(out)], capture_output=True, text=True, timeout=120)
 
 

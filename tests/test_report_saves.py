@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from report import goodput
+from gpunode_report import goodput
 
 NAN = np.nan
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.family import MetricSpec
-from exporter.cli import main
-from remediate import metrics as remediate_metrics
-from rulepack import load_spec, render
-from rulepack.tiers import SERVICES, analyse, split
+from gpunode_common.family import MetricSpec
+from gpunode_exporter.cli import main
+from gpunode_remediate import metrics as remediate_metrics
+from gpunode_rulepack import load_spec, render
+from gpunode_rulepack.tiers import SERVICES, analyse, split
 
 SPEC = load_spec()
 NODE = SPEC["labels"]["node"]

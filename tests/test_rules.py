@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-import rulepack
-from common.config import ConfigError
+import gpunode_rulepack
+from gpunode_common.config import ConfigError
 from tests.helpers import build_wheel
 
 ROOT = Path(__file__).parent.parent
@@ -29,10 +29,10 @@ def _tool(name: str) -> str:
     return path
 
 
-@pytest.mark.parametrize("target", rulepack.TARGETS)
+@pytest.mark.parametrize("target", gpunode_rulepack.TARGETS)
 def test_committed_files_are_what_the_spec_renders(target: str) -> None:
     """`make rules` regenerates them; CI fails here when a template or the spec changed without it."""
-    files = rulepack.render(rulepack.load_spec(), target)
+    files = gpunode_rulepack.render(gpunode_rulepack.load_spec(), target)
     committed = {p.name: p.read_text() for p in (RULES / target).glob("*.yml")}
     assert committed == files, "rules/ is stale: run `make rules` and commit the result"
 
@@ -44,10 +44,10 @@ def test_rules_spec_is_the_shipped_spec() -> None:
 def test_override_merges_key_by_key(tmp_path: Path) -> None:
     override = tmp_path / "mine.yaml"
     override.write_text("selectors: {gpunode: 'job=\"gpu-nodes\"'}\nexporter: {down_for: 120}\n")
-    spec = rulepack.load_spec(override)
+    spec = gpunode_rulepack.load_spec(override)
     assert spec["selectors"]["gpunode"] == 'job="gpu-nodes"'
-    assert spec["selectors"]["node"] == rulepack.shipped_spec()["selectors"]["node"]  # untouched siblings
-    text = rulepack.render(spec)["exporter.rules.yml"]
+    assert spec["selectors"]["node"] == gpunode_rulepack.shipped_spec()["selectors"]["node"]  # untouched siblings
+    text = gpunode_rulepack.render(spec)["exporter.rules.yml"]
     assert 'up{job="gpu-nodes"} == 0' in text and "for: 2m" in text and 'job="gpunode"' not in text
 
 
@@ -60,15 +60,15 @@ def test_bad_override_is_one_clear_error(tmp_path: Path, override: str, message:
     path = tmp_path / "mine.yaml"
     path.write_text(override)
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
-        rulepack.load_spec(path)
-    out = subprocess.run([sys.executable, "-m", "exporter", "rules", "render", "--spec", str(path),
+        gpunode_rulepack.load_spec(path)
+    out = subprocess.run([sys.executable, "-m", "gpunode_exporter", "rules", "render", "--spec", str(path),
                           "--out", str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2 and message in out.stderr and len(out.stderr.splitlines()) == 1
 
 
 def test_vmalert_target_leaves_out_keep_firing_for() -> None:
-    prometheus = "".join(rulepack.render(rulepack.load_spec(), "prometheus").values())
-    vmalert = "".join(rulepack.render(rulepack.load_spec(), "vmalert").values())
+    prometheus = "".join(gpunode_rulepack.render(gpunode_rulepack.load_spec(), "prometheus").values())
+    vmalert = "".join(gpunode_rulepack.render(gpunode_rulepack.load_spec(), "vmalert").values())
     assert "keep_firing_for" not in vmalert
     if "keep_firing_for" not in prometheus:
         pytest.skip("no rule uses keep_firing_for yet")
@@ -78,12 +78,13 @@ def test_vmalert_target_leaves_out_keep_firing_for() -> None:
 def test_vmalert_groups_run_their_rules_side_by_side(most: int) -> None:
     """vmalert's `concurrency`: every rule of a group at once, at most spec vmalert_concurrency;
     none where that is 1 or the group has one rule. Prometheus has no such key (and rejects it)."""
-    spec = rulepack.merge(rulepack.load_spec(), {"vmalert_concurrency": most})
-    groups = [g for text in rulepack.render(spec, "vmalert").values() for g in yaml.safe_load(text)["groups"]]
+    spec = gpunode_rulepack.merge(gpunode_rulepack.load_spec(), {"vmalert_concurrency": most})
+    groups = [g for text in gpunode_rulepack.render(spec, "vmalert").values() for g in yaml.safe_load(text)["groups"]]
     want = {g["name"]: min(most, len(g["rules"])) for g in groups}
     assert {g["name"]: g.get("concurrency") for g in groups} == {k: n if n > 1 else None for k, n in want.items()}
     assert most == 1 or max(g.get("concurrency") or 0 for g in groups) == most
-    prometheus = [g for text in rulepack.render(spec, "prometheus").values() for g in yaml.safe_load(text)["groups"]]
+    prometheus = [g for text in gpunode_rulepack.render(spec, "prometheus").values()
+                  for g in yaml.safe_load(text)["groups"]]
     assert not any("concurrency" in g for g in prometheus)
 
 
@@ -158,7 +159,7 @@ def test_on_vmalert_alerts_that_fire_fleet_wide_give_their_query_instead_of_runn
     # vmalert runs a description's query over HTTP for every firing alert at every evaluation.
     import promql_parser
 
-    node = rulepack.load_spec()["labels"]["node"]
+    node = gpunode_rulepack.load_spec()["labels"]["node"]
     ours, theirs = _alerts("vmalert")[name]["annotations"], _alerts("prometheus")[name]["annotations"]
     assert "| query" in theirs["description"]  # Prometheus lists the proxies or signals
     assert not any("query" in text.replace("the query", "") for text in ours.values()), ours
@@ -194,10 +195,11 @@ def test_renders_from_an_installed_wheel(tmp_path: Path) -> None:
                    check=True, capture_output=True)
     out = tmp_path / "out"
     env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"}
-    where = subprocess.run([sys.executable, "-c", "import exporter; print(exporter.__file__)"], env=env,
+    where = subprocess.run([sys.executable, "-c", "import gpunode_exporter; print(gpunode_exporter.__file__)"], env=env,
                            capture_output=True, text=True, cwd=tmp_path, check=True).stdout
     assert where.startswith(str(target)), where
-    subprocess.run([sys.executable, "-m", "exporter", "rules", "render", "--target", "vmalert", "--out", str(out)],
+    subprocess.run([sys.executable, "-m", "gpunode_exporter", "rules", "render", "--target", "vmalert",
+                    "--out", str(out)],
                    check=True, capture_output=True, cwd=tmp_path, env=env)
     assert {p.name: p.read_text() for p in out.iterdir()} == {
         p.name: p.read_text() for p in (RULES / "vmalert").glob("*.yml")}

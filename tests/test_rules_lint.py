@@ -15,7 +15,7 @@ import promql_parser
 import pytest
 import yaml
 
-from rulepack.tiers import walk
+from gpunode_rulepack.tiers import walk
 
 ROOT = Path(__file__).parent.parent
 RULES = ROOT / "rules"
@@ -29,9 +29,9 @@ def _rules() -> list[dict[str, Any]]:
 
 
 def _ours() -> dict[str, str]:
-    from common.family import MetricSpec
-    from exporter.collector import COLLECTORS
-    from remediate import metrics as remediate_metrics
+    from gpunode_common.family import MetricSpec
+    from gpunode_exporter.collector import COLLECTORS
+    from gpunode_remediate import metrics as remediate_metrics
 
     types: dict[str, str] = {spec.name: spec.kind for cls in COLLECTORS.values() for spec in cls.metrics}
     types.update({spec.name: spec.kind for spec in vars(remediate_metrics).values() if isinstance(spec, MetricSpec)})

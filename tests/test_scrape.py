@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector.base import Collector, Family, MetricSpec
-from exporter.collector.nfs import NFSCollector
-from exporter.scrape import Scraper
+from gpunode_exporter.collector.base import Collector, Family, MetricSpec
+from gpunode_exporter.collector.nfs import NFSCollector
+from gpunode_exporter.scrape import Scraper
 from tests.helpers import nfs_context, parse_exposition, render
 
 OK = MetricSpec("test_ok", "gauge", "A value.")
@@ -142,7 +142,7 @@ class Where(Collector):
 
 def test_quick_collectors_share_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     # A handoff between threads costs more than a quick collector: a scrape's run in turn on one.
-    monkeypatch.setattr("exporter.scrape._STAGGER_SECONDS", 5.0)  # a busy machine's pause is no slow collector
+    monkeypatch.setattr("gpunode_exporter.scrape._STAGGER_SECONDS", 5.0)  # a busy machine's pause is no slow collector
     collectors = [Where(f"c{i}") for i in range(6)]
     scraper = Scraper(collectors, timeout=5)
     try:

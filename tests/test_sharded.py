@@ -30,7 +30,7 @@ import pytest
 import requests
 import yaml
 
-from exporter.cli import main
+from gpunode_exporter.cli import main
 from tests.helpers import free_port, wait_for_port
 
 NODES = [f"127.0.0.{11 + i}" for i in range(6)]

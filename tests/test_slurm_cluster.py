@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from demo.slurm import BOOT_SECONDS, time_namespaces
-from remediate.scheduler.slurm import _local_time  # the service's reading of Slurm's times
+from gpunode_remediate.scheduler.slurm import _local_time  # the service's reading of Slurm's times
 from tests.slurm import DEFAULT_NODES, SlurmCluster, flags, skip_without_slurm, slurm_cluster
 
 REASON = "gpunode: test"

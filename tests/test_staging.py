@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collector.base import Context
-from exporter.collector.staging import StagingCollector
-from exporter.config import Config, StagingConfig
+from gpunode_exporter.collector.base import Context
+from gpunode_exporter.collector.staging import StagingCollector
+from gpunode_exporter.config import Config, StagingConfig
 from tests.helpers import collect_samples
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collector.base import Context
-from exporter.collector.storage_network import StorageNetworkCollector
-from exporter.config import Config, StorageConfig
+from gpunode_exporter.collector.base import Context
+from gpunode_exporter.collector.storage_network import StorageNetworkCollector
+from gpunode_exporter.config import Config, StorageConfig
 from tests.helpers import collect_samples, ethtool_fixture
 
 FIXTURES = Path(__file__).parent / "fixtures"

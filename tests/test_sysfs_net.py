@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sysfs import net
-from exporter.sysfs.net import RDMA_COUNTERS, RDMAPort, link_speed_bytes, rdma_ports
+from gpunode_exporter.sysfs import net
+from gpunode_exporter.sysfs.net import RDMA_COUNTERS, RDMAPort, link_speed_bytes, rdma_ports
 from tests.helpers import add_device_links
 from tests.netns import STORAGE_DEVICE, storage_netns
 
@@ -115,7 +115,7 @@ def test_link_speed_of_lo_on_this_kernel() -> None:
 SPEED_PROBE = """
 import json, subprocess, sys
 from pathlib import Path
-from exporter.sysfs.net import link_speed_bytes
+from gpunode_exporter.sysfs.net import link_speed_bytes
 dev = sys.argv[1]
 down = link_speed_bytes(Path("/sys"), dev)
 subprocess.run(["ip", "link", "set", "peer0", "down"], check=True)

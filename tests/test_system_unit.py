@@ -39,10 +39,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from exporter.collector import COLLECTORS
-from exporter.kmsg import KmsgReader, parse_record
-from exporter.xid import state as statefile
-from exporter.xid.tracker import IDLE_SAVE_INTERVAL
+from gpunode_exporter.collector import COLLECTORS
+from gpunode_exporter.kmsg import KmsgReader, parse_record
+from gpunode_exporter.xid import state as statefile
+from gpunode_exporter.xid.tracker import IDLE_SAVE_INTERVAL
 from tests import rootfs
 from tests.helpers import Series, build_wheel, free_port, parse_exposition, skip_without_kmsg, wait_for_port
 from tests.test_systemd import TMPFILES, UNIT, _setting, exposure_level, offline_security
@@ -122,7 +122,7 @@ def _unit_commands() -> str:
 
 def _configure(root: Path, port: int, *flags: str) -> None:
     """ARGS in the unit's EnvironmentFile: the simulated scenario the wheel ships, `port`, `flags`."""
-    (scenario,) = root.glob(f"{VENV[1:]}/lib/python3*/site-packages/exporter/nvmlsim/scenarios/{SCENARIO}")
+    (scenario,) = root.glob(f"{VENV[1:]}/lib/python3*/site-packages/gpunode_exporter/nvmlsim/scenarios/{SCENARIO}")
     args = [f"--nvml.simulate=/{scenario.relative_to(root)}", f"--web.listen-address=127.0.0.1:{port}", *flags]
     (root / _setting("EnvironmentFile").lstrip("-/")).write_text(f'ARGS="{" ".join(args)}"\n')
 

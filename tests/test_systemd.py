@@ -21,13 +21,14 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import AS_NOBODY, skip_without_kmsg
+from tests.helpers import AS_NOBODY, FOLDERS, skip_without_kmsg
 
 ROOT = Path(__file__).parent.parent
 UNIT = ROOT / "systemd" / "gpunode-exporter.service"
@@ -246,33 +247,43 @@ class NobodyPython:
 
 
 def _base_prefix_as_nobody(python: NobodyPython) -> str | None:
-    probe = "import sys, exporter, prometheus_client, yaml; print(sys.base_prefix)"
+    probe = "import sys, gpunode_exporter, prometheus_client, yaml; print(sys.base_prefix)"
     out = _as_nobody([], *python.argv, "-c", probe, env=python.env)
     return out.stdout.strip() if out.returncode == 0 else None
 
 
 @pytest.fixture(scope="module")
-def nobody_python() -> NobodyPython:
+def nobody_python() -> Iterator[NobodyPython]:
     """An interpreter that nobody runs whole without any capability, so that each run below differs
     only in its capabilities. The venv's may not be: pyenv's lives under /root (mode 0700). setpriv
     still starts it (execve opens the binary with setpriv's own credentials), but as nobody it cannot
     read its standard library and falls back to whichever one its built-in prefix finds, or fails.
-    Then the system's Python of the same version, with the venv's packages (the exporter itself comes
-    from the working directory, the repository)."""
+    Then the system's Python of the same version, with the venv's packages and the repository's own
+    (PYTHONPATH reads no .pth file, so not the editable install's: a folder of links, one per package
+    under its import name)."""
     own = NobodyPython([sys.executable], dict(os.environ))
     if _base_prefix_as_nobody(own) == sys.base_prefix:
-        return own
+        yield own
+        return
     system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
-    fallback = NobodyPython([str(system)], {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"]})
-    if system.exists() and _base_prefix_as_nobody(fallback) is not None:
-        return fallback
-    pytest.skip(f"nobody cannot run {sys.executable} with its own library (under /root?), nor {system}"
-                " with the venv's packages")
+    links = Path(tempfile.mkdtemp(prefix="gpunode-packages-"))
+    links.chmod(0o755)
+    for name, folder in FOLDERS.items():
+        (links / name).symlink_to(ROOT / folder)
+    path = os.pathsep.join([str(links), sysconfig.get_paths()["purelib"]])
+    fallback = NobodyPython([str(system)], {**os.environ, "PYTHONPATH": path})
+    try:
+        if not (system.exists() and _base_prefix_as_nobody(fallback) is not None):
+            pytest.skip(f"nobody cannot run {sys.executable} with its own library (under /root?), nor {system}"
+                        " with the venv's packages")
+        yield fallback
+    finally:
+        shutil.rmtree(links)
 
 
 def _dump(python: NobodyPython, caps: list[str], state: Path) -> dict[str, float]:
     state.chmod(0o777)
-    out = _as_nobody(caps, *python.argv, "-m", "exporter", "dump", "--collector.disable-defaults",
+    out = _as_nobody(caps, *python.argv, "-m", "gpunode_exporter", "dump", "--collector.disable-defaults",
                      "--collector.xid", "--collector.gpu_processes", "--path.state", str(state), env=python.env)
     assert out.returncode == 0, out.stderr
     samples = re.findall(r"^(gpunode_\S+) (\S+)$", out.stdout, re.M)
@@ -332,7 +343,7 @@ except PermissionError:
     pass
 sys.argv = ["gpunode-exporter", "dump", "--collector.disable-defaults", "--collector.gpu",
             "--nvml.simulate", {scenario!r}]
-runpy.run_module("exporter", run_name="__main__")
+runpy.run_module("gpunode_exporter", run_name="__main__")
 """
 
 

@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from remediate.cli import build_parser
-from remediate.policy import DEFAULT_STATE
+from gpunode_remediate.cli import build_parser
+from gpunode_remediate.policy import DEFAULT_STATE
 from tests.test_systemd import UNIT as EXPORTER_UNIT
 from tests.test_systemd import apply_sysusers_and_tmpfiles, check_security_score, verify_unit
 

@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.config import ConfigError
-from exporter import workload
-from exporter.collector.base import Context
-from exporter.collector.gpu_processes import GPUProcessesCollector
-from exporter.config import Config, WorkloadConfig, load
-from exporter.nvml import Session
-from exporter.procfs import cgroup
+from gpunode_common.config import ConfigError
+from gpunode_exporter import workload
+from gpunode_exporter.collector.base import Context
+from gpunode_exporter.collector.gpu_processes import GPUProcessesCollector
+from gpunode_exporter.config import Config, WorkloadConfig, load
+from gpunode_exporter.nvml import Session
+from gpunode_exporter.procfs import cgroup
 from tests.fakeproc import FakeProc
 from tests.fixtures.cgroup import capture
 from tests.helpers import collect_samples, simulated_nvml

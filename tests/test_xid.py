@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.kmsg import parse_record
-from exporter.nvml import Session
-from exporter.xid.gpus import GpuDirectory
-from exporter.xid.parse import XidEvent, parse_xid, xid_in_record
-from exporter.xid.state import FILE_NAME
-from exporter.xid.tracker import XidTracker
+from gpunode_exporter.kmsg import parse_record
+from gpunode_exporter.nvml import Session
+from gpunode_exporter.xid.gpus import GpuDirectory
+from gpunode_exporter.xid.parse import XidEvent, parse_xid, xid_in_record
+from gpunode_exporter.xid.state import FILE_NAME
+from gpunode_exporter.xid.tracker import XidTracker
 from tests.helpers import simulated_nvml
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.xid import catalog
-from exporter.xid.catalog import UNKNOWN, Entry, parse
+from gpunode_exporter.xid import catalog
+from gpunode_exporter.xid.catalog import UNKNOWN, Entry, parse
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "xid_catalog.py"

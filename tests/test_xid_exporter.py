@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from exporter.xid import catalog
+from gpunode_exporter.xid import catalog
 from tests.helpers import Series, free_port, parse_exposition, wait_for_port
 
 ROOT = Path(__file__).parent.parent
@@ -40,7 +40,7 @@ class Node:
     def start(self) -> None:
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "--collector.disable-defaults", "--collector.xid",
+            [sys.executable, "-m", "gpunode_exporter", "--collector.disable-defaults", "--collector.xid",
              "--path.kmsg", str(self.kmsg), "--path.state", str(self.state), "--path.procfs", str(self.procfs),
              "--path.sysfs", str(DGX), "--web.listen-address", f"127.0.0.1:{self.port}"],
             cwd=ROOT, stderr=subprocess.PIPE, text=True)

@@ -23,7 +23,7 @@ from benchlib import (  # benchmarks/ is on sys.path when run as a script
     source_fingerprint,
 )
 
-from exporter.config import GPUProcessesConfig
+from gpunode_exporter.config import GPUProcessesConfig
 
 from . import BENCHMARKS
 from .in_process import SETTLED_WINDOW, TIMEOUT, run_in_process

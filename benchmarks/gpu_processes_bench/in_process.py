@@ -13,11 +13,11 @@ from typing import Any, Protocol
 
 from benchlib import BenchError, latencies_ms, summarize  # benchmarks/ is on sys.path when run as a script
 
-from common.exposition import Renderer
-from exporter.collector.base import Context
-from exporter.collector.gpu_processes import GPUProcessesCollector
-from exporter.config import Config, GPUProcessesConfig
-from exporter.scrape import Scraper
+from gpunode_common.exposition import Renderer
+from gpunode_exporter.collector.base import Context
+from gpunode_exporter.collector.gpu_processes import GPUProcessesCollector
+from gpunode_exporter.config import Config, GPUProcessesConfig
+from gpunode_exporter.scrape import Scraper
 
 from .processes import Fleet, pids
 

@@ -56,8 +56,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from remediate.policy import build
-from remediate.scheduler.slurm import fields
+from gpunode_remediate.policy import build
+from gpunode_remediate.scheduler.slurm import fields
 from remediate_soak_bench.driver import Run, in_service
 from remediate_soak_bench.episodes import Episode
 from remediate_soak_bench.jobs import abnormal_ends, read_attempts

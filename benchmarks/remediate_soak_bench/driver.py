@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from demo.slurm import SlurmCluster, _tool
-from remediate.scheduler.slurm import fields
-from remediate.state import State
+from gpunode_remediate.scheduler.slurm import fields
+from gpunode_remediate.state import State
 from remediate_soak_bench.clock import (
     APP_SETTLE,
     BACKOFF,

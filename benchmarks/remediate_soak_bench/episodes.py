@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from remediate.policy import Policy
+from gpunode_remediate.policy import Policy
 from tests.remediation import alert_json, rfc3339
 
 # (weight, alertname, labels): what the default rules do with each is looked up, not assumed.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from remediate.scheduler.slurm import expand_hostlist
+from gpunode_remediate.scheduler.slurm import expand_hostlist
 from remediate_soak_bench.checks import COMMENT, LEMON, STAMP_SLACK, Story, read_calls
 from remediate_soak_bench.jobs import NEVER, RECOVERED, End
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from demo.slurm import _tool, parse
-from remediate.scheduler.slurm import expand_hostlist
+from gpunode_remediate.scheduler.slurm import expand_hostlist
 from remediate_soak_bench.clock import (
     CANCEL_AFTER,
     MAX_ATTEMPTS,

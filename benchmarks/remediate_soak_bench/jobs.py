@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from remediate.scheduler.slurm import expand_hostlist
+from gpunode_remediate.scheduler.slurm import expand_hostlist
 
 SELECT = "train-.*"  # the policy's jobs.select.name: the soak's own jobs but notebook-N (and the episodes' soak)
 FOREVER = 1000  # failing attempts of a chain that never recovers

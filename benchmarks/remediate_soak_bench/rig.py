@@ -24,8 +24,8 @@ from typing import Any
 import requests
 import yaml
 
-from common.http import free_port
 from demo.slurm import SlurmCluster, _tool
+from gpunode_common.http import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 # Of every 1000 scheduler calls, by call number: refused at once (exit 1), stalled before reaching
@@ -181,7 +181,7 @@ class Service:
 
     def start(self) -> None:
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "remediate", "serve", "--config.file",
+            self.proc = subprocess.Popen([sys.executable, "-m", "gpunode_remediate", "serve", "--config.file",
                                           str(self.policy), "--web.listen-address", f"127.0.0.1:{self.port}"],
                                          cwd=self.source, env=self.env, stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=log)
@@ -210,7 +210,7 @@ class Service:
 
     def command(self, *args: str) -> subprocess.CompletedProcess[str]:
         """`gpunode-remediate ARGS --config.file POLICY`: what a person runs."""
-        return subprocess.run([sys.executable, "-m", "remediate", *args, "--config.file", str(self.policy)],
+        return subprocess.run([sys.executable, "-m", "gpunode_remediate", *args, "--config.file", str(self.policy)],
                               cwd=self.source, env=self.env, capture_output=True, text=True, timeout=60)
 
 

@@ -64,7 +64,7 @@ def render_tier(tier: str, dest: Path) -> dict[str, Path]:
     dirs = {}
     for target in RULE_DIRS:
         dirs[target] = dest / tier / target
-        run = subprocess.run([sys.executable, "-m", "exporter", "rules", "render", "--target", target,
+        run = subprocess.run([sys.executable, "-m", "gpunode_exporter", "rules", "render", "--target", target,
                               "--tier", tier, "--out", str(dirs[target])], capture_output=True, text=True,
                              check=False, cwd=ROOT)
         if run.returncode:

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from exporter.config import NFS_OPERATIONS, NFS_TRANSPORT_SERIES, NFS_TRANSPORT_SERIES_ALL
 from fleet import remote_write
+from gpunode_exporter.config import NFS_OPERATIONS, NFS_TRANSPORT_SERIES, NFS_TRANSPORT_SERIES_ALL
 
 TAU = 2 * math.pi
 

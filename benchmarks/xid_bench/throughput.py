@@ -14,9 +14,9 @@ from typing import Any
 
 from benchlib import BenchError, cpu_times, machine_load, percentile  # benchmarks/ is on sys.path when run as a script
 
-from exporter.nvml import Session
-from exporter.xid.gpus import GpuDirectory
-from exporter.xid.tracker import XidTracker
+from gpunode_exporter.nvml import Session
+from gpunode_exporter.xid.gpus import GpuDirectory
+from gpunode_exporter.xid.tracker import XidTracker
 
 from .records import DGX_SYSFS, mixed_stream
 

@@ -1,6 +1,6 @@
 """Collectors, one per file, registered by name (see base.register)."""
 
-from exporter.collector import (  # noqa: F401 (self-registering)
+from gpunode_exporter.collector import (  # noqa: F401 (self-registering)
     checkpoint,
     gpu,
     gpu_processes,
@@ -9,6 +9,6 @@ from exporter.collector import (  # noqa: F401 (self-registering)
     storage_network,
     xid,
 )
-from exporter.collector.base import COLLECTORS, Collector, Context, MetricSpec
+from gpunode_exporter.collector.base import COLLECTORS, Collector, Context, MetricSpec
 
 __all__ = ["COLLECTORS", "Collector", "Context", "MetricSpec"]

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from common.family import Family, MetricSpec
-from exporter.nvml import Session
+from gpunode_common.family import Family, MetricSpec
+from gpunode_exporter.nvml import Session
 
 if TYPE_CHECKING:
-    from exporter.config import Config
+    from gpunode_exporter.config import Config
 
 
 @dataclass(frozen=True)

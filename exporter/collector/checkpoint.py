@@ -18,10 +18,10 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from exporter.collector.base import Collector, Context, Family, MetricSpec, register
-from exporter.collector.nfs import read_own_or_init
-from exporter.problems import Problems
-from exporter.procfs import mountstats
+from gpunode_exporter.collector.base import Collector, Context, Family, MetricSpec, register
+from gpunode_exporter.collector.nfs import read_own_or_init
+from gpunode_exporter.problems import Problems
+from gpunode_exporter.procfs import mountstats
 
 log = logging.getLogger(__name__)
 

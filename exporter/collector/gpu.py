@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pynvml
 
-from exporter.collector import gpu_straggler
-from exporter.collector.base import Collector, Context, Family, MetricSpec, register
-from exporter.nvml import Device, GPULostError
-from exporter.sysfs import pci
+from gpunode_exporter.collector import gpu_straggler
+from gpunode_exporter.collector.base import Collector, Context, Family, MetricSpec, register
+from gpunode_exporter.nvml import Device, GPULostError
+from gpunode_exporter.sysfs import pci
 
 log = logging.getLogger(__name__)
 

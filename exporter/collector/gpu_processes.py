@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 from pynvml import NVMLError
 
-from exporter import workload
-from exporter.collector.base import Collector, Context, Family, MetricSpec, register
-from exporter.gpu_processes import ProcessTracker, Snapshot
+from gpunode_exporter import workload
+from gpunode_exporter.collector.base import Collector, Context, Family, MetricSpec, register
+from gpunode_exporter.gpu_processes import ProcessTracker, Snapshot
 
 PROCESSES = MetricSpec("gpunode_gpu_processes", "gauge",
                        "Processes holding a GPU device file (/dev/nvidiaN) open.")

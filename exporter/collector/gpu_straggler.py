@@ -26,8 +26,8 @@ from typing import Any
 
 import pynvml
 
-from exporter.collector.base import Family, MetricSpec
-from exporter.nvml import Device, GPULostError, Session, code_name
+from gpunode_exporter.collector.base import Family, MetricSpec
+from gpunode_exporter.nvml import Device, GPULostError, Session, code_name
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from exporter.collector.base import Collector, Context, Family, MetricSpec, register
-from exporter.numbers import u64
-from exporter.procfs import mountinfo, mountstats
+from gpunode_exporter.collector.base import Collector, Context, Family, MetricSpec, register
+from gpunode_exporter.numbers import u64
+from gpunode_exporter.procfs import mountinfo, mountstats
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ import logging
 import os
 from collections.abc import Iterator
 
-from exporter.collector.base import Collector, Context, Family, MetricSpec, register
-from exporter.problems import Problems
+from gpunode_exporter.collector.base import Collector, Context, Family, MetricSpec, register
+from gpunode_exporter.problems import Problems
 
 log = logging.getLogger(__name__)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-from exporter.collector.base import Collector, Context, Family, MetricSpec, register
-from exporter.collector.nfs import read_own_or_init
-from exporter.ethtool import Ethtool, pfc_pause_frames
-from exporter.problems import Problems
-from exporter.procfs import mountinfo
-from exporter.sysfs import net
+from gpunode_exporter.collector.base import Collector, Context, Family, MetricSpec, register
+from gpunode_exporter.collector.nfs import read_own_or_init
+from gpunode_exporter.ethtool import Ethtool, pfc_pause_frames
+from gpunode_exporter.problems import Problems
+from gpunode_exporter.procfs import mountinfo
+from gpunode_exporter.sysfs import net
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from exporter.collector.base import Collector, Context, Family, MetricSpec, register
-from exporter.xid import catalog
-from exporter.xid.gpus import GpuDirectory
-from exporter.xid.tracker import XidTracker
+from gpunode_exporter.collector.base import Collector, Context, Family, MetricSpec, register
+from gpunode_exporter.xid import catalog
+from gpunode_exporter.xid.gpus import GpuDirectory
+from gpunode_exporter.xid.tracker import XidTracker
 
 _GPU = ("gpu", "uuid", "pci_bus_id")
 XID_ERRORS = MetricSpec("gpunode_xid_errors_total", "counter",

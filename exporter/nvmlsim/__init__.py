@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pynvml
 
-from exporter.nvmlsim import scenario
-from exporter.nvmlsim.library import FUNCTIONS, SimulatedNVML
+from gpunode_exporter.nvmlsim import scenario
+from gpunode_exporter.nvmlsim.library import FUNCTIONS, SimulatedNVML
 
 
 def load(path: Path) -> scenario.Scenario:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pynvml
 
-from exporter.nvmlsim.scenario import EVENT_TIMES, GPU, NVLINK_COUNTERS, POLICIES, Scenario
+from gpunode_exporter.nvmlsim.scenario import EVENT_TIMES, GPU, NVLINK_COUNTERS, POLICIES, Scenario
 
 SUCCESS = pynvml.NVML_SUCCESS
 E = pynvml  # error codes: E.NVML_ERROR_*

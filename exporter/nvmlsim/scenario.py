@@ -14,7 +14,7 @@ from typing import Any
 
 import pynvml
 
-from common.config import ConfigError, load_yaml, seconds
+from gpunode_common.config import ConfigError, load_yaml, seconds
 
 _UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _NVML_BUS_ID = re.compile(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]")

@@ -7,7 +7,7 @@ super options, never in mountstats, so the two files are joined on
 
 from __future__ import annotations
 
-from exporter.procfs.mountstats import NFS_FSTYPES, unescape
+from gpunode_exporter.procfs.mountstats import NFS_FSTYPES, unescape
 
 
 def nfs_server_addresses(text: str) -> dict[tuple[str, str], str]:

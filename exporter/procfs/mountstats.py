@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from exporter.numbers import U64_MAX, KernelNumberError, s64, u64
+from gpunode_exporter.numbers import U64_MAX, KernelNumberError, s64, u64
 
 NFS_FSTYPES = frozenset({"nfs", "nfs4"})
 

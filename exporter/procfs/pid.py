@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.numbers import KernelNumberError, u64
+from gpunode_exporter.numbers import KernelNumberError, u64
 
 
 class PidFileError(ValueError):

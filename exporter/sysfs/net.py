@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from exporter.numbers import KernelNumberError, s64, u64
-from exporter.sysfs import read_line
+from gpunode_exporter.numbers import KernelNumberError, s64, u64
+from gpunode_exporter.sysfs import read_line
 
 # SPEED_UNKNOWN (include/uapi/linux/ethtool.h: (__u32)-1) as "%d" and as "%u".
 _UNKNOWN_SPEEDS = frozenset({-1, 0xFFFFFFFF})

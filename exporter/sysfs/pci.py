@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.sysfs import read_attribute
+from gpunode_exporter.sysfs import read_attribute
 
 NVIDIA_VENDOR_ID = 0x10DE
 DISPLAY_BASE_CLASS = 0x03  # 0x0300 VGA, 0x0301 XGA, 0x0302 3D controller, 0x0380 other display

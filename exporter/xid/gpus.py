@@ -15,8 +15,8 @@ from pathlib import Path
 
 from pynvml import NVMLError
 
-from exporter.nvml import Session
-from exporter.sysfs.pci import BusScanner, canonical_bus_id
+from gpunode_exporter.nvml import Session
+from gpunode_exporter.sysfs.pci import BusScanner, canonical_bus_id
 
 log = logging.getLogger(__name__)
 Identity = tuple[str, str]  # (gpu index, uuid); "" where unknown

@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from exporter.kmsg import FACILITY_KERNEL, Record, unescape
-from exporter.numbers import U32_MAX, KernelNumberError, u64
+from gpunode_exporter.kmsg import FACILITY_KERNEL, Record, unescape
+from gpunode_exporter.numbers import U32_MAX, KernelNumberError, u64
 
 _XID = re.compile(
     r"NVRM: Xid \("

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporter.numbers import U32_MAX, U64_MAX
+from gpunode_exporter.numbers import U32_MAX, U64_MAX
 
 VERSION = 1
 FILE_NAME = "xid-state.json"

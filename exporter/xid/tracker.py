@@ -32,13 +32,13 @@ from typing import Any
 import pynvml
 from pynvml import NVMLError
 
-from exporter.kmsg import KmsgReader, parse_record
-from exporter.nvml import Device, Session
-from exporter.problems import Problems
-from exporter.sysfs.pci import canonical_bus_id
-from exporter.xid import state as statefile
-from exporter.xid.gpus import GpuDirectory, Identity
-from exporter.xid.parse import xid_in_record
+from gpunode_exporter.kmsg import KmsgReader, parse_record
+from gpunode_exporter.nvml import Device, Session
+from gpunode_exporter.problems import Problems
+from gpunode_exporter.sysfs.pci import canonical_bus_id
+from gpunode_exporter.xid import state as statefile
+from gpunode_exporter.xid.gpus import GpuDirectory, Identity
+from gpunode_exporter.xid.parse import xid_in_record
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from remediate.plan import NodeView
-from remediate.policy import Policy
+from gpunode_remediate.plan import NodeView
+from gpunode_remediate.policy import Policy
 
 
 class Scheduler(Protocol):
@@ -19,9 +19,9 @@ class Scheduler(Protocol):
 
 def build(policy: Policy) -> Scheduler:
     if policy.scheduler.kind == "slurm":
-        from remediate.scheduler.slurm import Slurm
+        from gpunode_remediate.scheduler.slurm import Slurm
 
         return Slurm(policy.scheduler.scontrol, policy.scheduler.squeue, policy.scheduler.timeout)
-    from remediate.scheduler.commands import Commands
+    from gpunode_remediate.scheduler.commands import Commands
 
     return Commands(policy.scheduler.commands, policy.scheduler.timeout)

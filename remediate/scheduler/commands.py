@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from remediate.command import CommandError, run
-from remediate.plan import NodeView
+from gpunode_remediate.command import CommandError, run
+from gpunode_remediate.plan import NodeView
 
 _STATES = {"drained": ("idle", "drain"), "draining": ("allocated", "drain")}
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 import time
 
-from remediate.command import CommandError, run
-from remediate.jobs import JobView
-from remediate.plan import NodeView
+from gpunode_remediate.command import CommandError, run
+from gpunode_remediate.jobs import JobView
+from gpunode_remediate.plan import NodeView
 
 # A key of `scontrol -o` output: a space, a CamelCase word, '='.
 _KEY = re.compile(r"(?:^| )([A-Za-z][A-Za-z0-9_:/]*)=")

@@ -16,16 +16,16 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from common.config import ConfigError
-from rulepack import load_spec
-from rulepack.dashboards.grafana import expand
+from gpunode_common.config import ConfigError
+from gpunode_rulepack import load_spec
+from gpunode_rulepack.dashboards.grafana import expand
 
 try:
     from grafana_foundation_sdk.builders import dashboard as gd
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-    from rulepack.dashboards import board, cluster, node
-    from rulepack.dashboards.promql import Lineage
+    from gpunode_rulepack.dashboards import board, cluster, node
+    from gpunode_rulepack.dashboards.promql import Lineage
 except ImportError:  # optional dependencies: nodes that only serve metrics don't need them
     gd = None
 

@@ -24,9 +24,9 @@ from grafana_foundation_sdk.models.common import (
 from grafana_foundation_sdk.models.heatmap import HeatmapColorMode
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-from rulepack import selector
-from rulepack.dashboards.grafana import expand as expand  # where tests/test_demo.py imports it from
-from rulepack.dashboards.promql import EXPORTERS, Lineage, exporter_of
+from gpunode_rulepack import selector
+from gpunode_rulepack.dashboards.grafana import expand as expand  # where tests/test_demo.py imports it from
+from gpunode_rulepack.dashboards.promql import EXPORTERS, Lineage, exporter_of
 
 DATASOURCE_VARIABLE, NODE_VARIABLE = "datasource", "node"  # on both dashboards: links carry them over
 DATASOURCE = model.DataSourceRef(type_val="prometheus", uid=f"${{{DATASOURCE_VARIABLE}}}")

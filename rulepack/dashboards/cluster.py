@@ -9,8 +9,8 @@ from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models.common import BigValueTextMode
 
-from rulepack import duration
-from rulepack.dashboards.board import (
+from gpunode_rulepack import duration
+from gpunode_rulepack.dashboards.board import (
     DCGM,
     FAILSLOW_INPUT,
     FAILSLOW_PEERS,
@@ -32,7 +32,7 @@ from rulepack.dashboards.board import (
     time_series,
     to_node,
 )
-from rulepack.dashboards.node import UID as NODE_UID
+from gpunode_rulepack.dashboards.node import UID as NODE_UID
 
 TOP = 10  # rows of a top-k table, lines of a top-k graph: a cluster has hundreds of nodes
 

@@ -1,6 +1,6 @@
 """docs/dashboards.md's panel lists, generated from the dashboards so they cannot drift.
 
-python -m rulepack.dashboards.doc docs/dashboards.md   rewrites the generated blocks in place.
+python -m gpunode_rulepack.dashboards.doc docs/dashboards.md   rewrites the generated blocks in place.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from common.docs import fill
-from rulepack import load_spec
-from rulepack.dashboards import Built, build
-from rulepack.dashboards.board import PanelInfo, needs_names
+from gpunode_common.docs import fill
+from gpunode_rulepack import load_spec
+from gpunode_rulepack.dashboards import Built, build
+from gpunode_rulepack.dashboards.board import PanelInfo, needs_names
 
 
 def panels_table(built: list[Built]) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rulepack import duration
-from rulepack.dashboards.board import (
+from gpunode_rulepack import duration
+from gpunode_rulepack.dashboards.board import (
     NFS_MOUNT,
     PFC,
     SAVES,

@@ -18,8 +18,8 @@ from typing import Any
 import promql_parser as pp
 import yaml
 
-from rulepack import render as render_rules
-from rulepack.dashboards.grafana import parseable
+from gpunode_rulepack import render as render_rules
+from gpunode_rulepack.dashboards.grafana import parseable
 
 # The exporters (and Prometheus itself, for `up`) a series can come from, as the docs name them.
 EXPORTERS = {"gpunode": "gpunode-exporter", "node": "node_exporter", "dcgm": "dcgm-exporter",
