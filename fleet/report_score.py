@@ -15,6 +15,11 @@ save within SAVE_TOLERANCE seconds and the Young/Daly optimum within OPTIMUM_TOL
 one the true save time gives (with the report's own MTBF, which the attempts check); where no
 node of a job keeps the clock, that the report says it estimated them from the scrapes.
 
+A scenario that plays published storage (its `storage: published:`, fleet/nfs.py) has the
+report's storage section held to the published figures: per-request time and its split for the
+save's WRITEs and the load's READs, request rates, the link's use, the slots named the bottleneck,
+each within the tolerance stated beside it below.
+
 A job's retries: each failed attempt blamed on the first event the fault that ended it logs (none
 for a failure the scenario lists: an NCCL timeout, a user's error), and the GPU-hours its failed
 attempts ran within two of the report's steps of each one's.
@@ -27,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from fleet import causes
+from fleet import causes, nfs
 from fleet.jobs import Attempt
 from fleet.simulate import SYNCHRONOUS, Fleet, node_name
 from gpunode_common.config import seconds
@@ -38,6 +43,36 @@ SPLIT_TOLERANCE = 0.02  # of the job's elapsed time
 SAVE_TOLERANCE = 2.0  # seconds per save: the exporter samples once a second, at each end of a save
 OPTIMUM_TOLERANCE = 0.03  # of the optimal interval
 HOLDS_FOR = 900.0  # seconds a fault's node must hold its job back to be a straggler: goodput.straggler_for
+# The Lablup B200 operations report, section 4.2.5 and its Table 13 (per node): a save's WRITEs in
+# its 30 s sample, a load's READs over ~23 minutes. Seconds per request, requests/s (the save's in
+# its one sample, the load's mean), the storage link's use (mean; the save's peak).
+PUBLISHED: dict[str, dict[str, dict[str, Any]]] = {"lablup-table-13": {
+    "save": {"op": "WRITE", "execute": 1.621, "queue": 1.495, "rtt": 0.126, "share": 0.922,
+             "rate": 600, "rate_of": "peak", "link": 0.014, "link_peak": 0.027},
+    "load": {"op": "READ", "execute": 0.059, "queue": 0.0315, "rtt": 0.0273, "share": 0.533,
+             "rate": 5400, "rate_of": "mean", "link": 0.104}}}
+# Per-request times (total, slot wait, network + server), of the published: the operations report
+# sums mountstats' times over its requests, and ours reads the same counters (irate() per 30 s
+# sample, summed over the phase's samples), which adds no error of its own for counters that only
+# rise. 5 % is the model's grain: a flush drains in whole waves of 128 WRITEs, and a wave more or
+# less moves a WRITE's wait by 126 ms / 2, 4 %.
+TIME_TOLERANCE = 0.05
+# Slot wait's share of a request, in points: it follows the times; 3 points keeps a load's READs
+# above nfs.slot_wait_fraction (half), where the operations report has them (53.3 %).
+SHARE_TOLERANCE = 0.03
+# Requests/s per node, of the published: the operations report rounds them (~600, ~5,400). A save's
+# 20.55 GB in its one 30 s sample at 1 MiB a WRITE is 653/s (+9 %). A load: 128 slots at 27.3 ms
+# complete at most 4,689 READs/s (Little's law), 13 % under 5,400: the operations report's mean
+# rate and its per-request times cannot both hold on one transport of 128 slots. 15 % admits that
+# gap and no more.
+RATE_TOLERANCE = 0.15
+# The link during saves, in points: a save in one sample puts 2.74 % on the link, one that straddles
+# two scrapes 1.37 % in each, so the mean over the save samples (1.4 % published) moves by up to 1.37
+# points with the saves' phases to the scrapes, and a sample's 2 % noise moves the peak. 0.3 points
+# is a fifth of that range.
+SAVE_LINK_TOLERANCE = 0.003
+# The link during loads, of the published: it follows the READ rate (RATE_TOLERANCE).
+LOAD_LINK_TOLERANCE = 0.15
 PARTS = ("productive", "checkpoint_save", "checkpoint_load", "down", "slowed", "lost_progress")
 # The cause the report names for each straggler fault; a throttle's by its reason, a fabric link's
 # by its fabric (the fault's param, fleet/causes.py's default where the scenario gives none).
@@ -213,6 +248,33 @@ def _retries(res: Result, name: str, truth: dict[str, Any], got: dict[str, Any],
               f"job {name}: failed attempts' GPU-hours {got['failed_gpu_hours']:.1f} (true {hours:.1f})")
 
 
+def _storage(res: Result, name: str, got: dict[str, Any]) -> None:
+    """The report's storage section against published figures: the tolerances above."""
+    for phase, want in PUBLISHED[name].items():
+        where, o = f"storage {phase} {want['op']}", got[phase]["operations"].get(want["op"])
+        if o is None:
+            res.check(False, f"{where}: no requests in the report")
+            continue
+        for key, entry in (("execute", "execute_seconds"), ("queue", "queue_seconds"), ("rtt", "rtt_seconds")):
+            res.check(abs(o[entry] - want[key]) <= TIME_TOLERANCE * want[key],
+                      f"{where}: {key} {1000 * o[entry]:.1f} ms per request ({name}: {1000 * want[key]:g} ms)")
+        res.check(abs(o["slot_wait_fraction"] - want["share"]) <= SHARE_TOLERANCE,
+                  f"{where}: slot wait {100 * o['slot_wait_fraction']:.1f} % ({name}: {100 * want['share']:.1f} %)")
+        rate = o["requests_per_second_peak" if want["rate_of"] == "peak" else "requests_per_second"]
+        res.check(abs(rate - want["rate"]) <= RATE_TOLERANCE * want["rate"],
+                  f"{where}: {rate:,.0f} requests/s per node, {want['rate_of']} ({name}: ~{want['rate']:,})")
+        for key, entry in (("link", "link_utilization_mean"), ("link_peak", "link_utilization_peak")):
+            if key not in want:
+                continue
+            use = got[phase][entry]
+            slack = SAVE_LINK_TOLERANCE if phase == "save" else LOAD_LINK_TOLERANCE * want[key]
+            res.check(use is not None and abs(use - want[key]) <= slack,
+                      f"storage {phase}: link at {100 * (use or 0):.2f} % {'peak' if 'peak' in key else 'mean'} "
+                      f"({name}: {100 * want[key]:.1f} %)")
+    res.check(got["slots_bottleneck"] == list(PUBLISHED[name]),
+              f"storage: slots named the bottleneck during {got['slots_bottleneck']} ({name}: {list(PUBLISHED[name])})")
+
+
 def score(fleet: Fleet, report: dict[str, Any]) -> Result:
     res = Result()
     when = {j["name"]: j for j in report["jobs"]}
@@ -253,7 +315,10 @@ def score(fleet: Fleet, report: dict[str, Any]) -> Result:
         for e in hit:
             episodes.remove(e)
     res.check(not episodes, f"stragglers invented: {len(episodes)} {episodes[:3]}")
+    if fleet.s.storage is not None and fleet.s.storage.published:
+        _storage(res, fleet.s.storage.published, report["storage"])
     return res
 
 
+assert set(PUBLISHED) == set(nfs.PUBLISHED)
 assert set(CAUSE) == {*causes.CULPRIT_CAUSES, "job_slowdown"}

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleet import nfs
 from fleet.jobs import Job, parse_job, parse_nodes, sessions_as_jobs
 from gpunode_common.config import ConfigError, load_yaml
 from gpunode_exporter.nvmlsim.scenario import seconds
@@ -58,6 +59,7 @@ class Scenario:
     gpu_spread: tuple[tuple[str, float], ...] = ()  # SPREAD_KEYS -> standard deviation of a GPU's offset
     daily_drift: float = 0.01  # every GPU's clock moves by this share over the day, lowest in the afternoon
     no_save_clock: tuple[int, ...] = ()  # nodes whose exporter keeps no save clock (an older one)
+    storage: nfs.Storage | None = None  # None: the fixed NFS client of fleet/nfs.py
 
 
 def _events(data: Any, where: str, kinds: tuple[str, ...], nodes: int) -> tuple[Event, ...]:
@@ -85,7 +87,7 @@ def _events(data: Any, where: str, kinds: tuple[str, ...], nodes: int) -> tuple[
 
 def _build(name: str, data: Any) -> Scenario:
     known = {"description", "nodes", "duration", "step", "seed", "checkpoint_every", "sessions", "jobs", "faults",
-             "distractors", "gpu_spread", "daily_drift", "no_save_clock"}
+             "distractors", "gpu_spread", "daily_drift", "no_save_clock", "storage"}
     if not isinstance(data, dict):
         raise ConfigError("want a mapping")
     if unknown := set(data) - known:
@@ -109,7 +111,8 @@ def _build(name: str, data: Any) -> Scenario:
                     jobs, _events(data.get("faults", []), "faults", FAULTS, nodes),
                     _events(data.get("distractors", []), "distractors", DISTRACTORS, nodes),
                     tuple(sorted((k, float(v)) for k, v in spread.items())), float(data.get("daily_drift", 0.01)),
-                    parse_nodes(data["no_save_clock"], "no_save_clock", nodes) if "no_save_clock" in data else ())
+                    parse_nodes(data["no_save_clock"], "no_save_clock", nodes) if "no_save_clock" in data else (),
+                    nfs.parse(data["storage"]) if "storage" in data else None)
 
 
 def load(name_or_path: str, duration: str | float | None = None) -> Scenario:

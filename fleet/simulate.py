@@ -19,15 +19,13 @@ from functools import cached_property
 
 import numpy as np
 
-from fleet import causes, jobs, physics
+from fleet import causes, jobs, nfs, physics
 from fleet.causes import GPUS, IB_PORTS, IB_RATE
 from fleet.jobs import Attempt
 from fleet.scenario import Event, Scenario
 from gpunode_exporter.nvmlsim.scenario import seconds
 
 SAVE_BYTES = 20.55e9  # per node and save (the Lablup B200 operations report)
-LOAD_BYTES = 5e8  # per second and node while an attempt loads its checkpoint
-WSIZE = 1 << 20
 XID_ACTIONS = {79: "RESTART_BM", 145: "RESET_GPU", 94: "RESTART_APP"}
 SYNCHRONOUS = ("training", "single")  # jobs whose nodes meet in a collective every step
 
@@ -127,6 +125,10 @@ class Fleet:
                 slowed = ()
             out.append(Truth(f.kind, "" if f.kind == "job_slowdown" else node_name(f.node), self.start + onset,
                              self.start + start, self.start + end, slowed, self._detail(f)))
+        if nfs.saturates_loads(self.s.storage):  # each load fills the slot table: NfsSlotTableSaturated is right
+            out += [Truth("nfs_saturation", node_name(n), self.start + a.start, self.start + a.start - 3600,
+                          self.start + a.start + min(a.job.load, a.end - a.start) + 3600)
+                    for a in self.attempts if a.job.load > 0 for n in a.nodes]
         return out
 
     def _detail(self, f: Event) -> str:
@@ -344,9 +346,13 @@ class Fleet:
         # A multi-node job's traffic between its nodes, at its pace; a single node, inference and burn-in move little.
         nic = np.where(busy, np.where(m["single"], 5e7, 1.2e9 * rate),
                        np.where(save, np.where(m["single"], 5e7, 1.2e9) + save_bytes / s.step, 1e6))
-        nic = np.where(load, 1e6 + LOAD_BYTES, np.where(m["inference"], 1e6 + 2e8 * demand, nic)) * self._noise(0.02)
-        for direction in ("receive", "transmit"):
-            yield emit(f"node_network_{direction}_bytes_total", "node", self._counter(nic / 2), device="eth0")
+        wobble = self._noise(0.02)
+        nic = np.where(load, 1e6 + nfs.LOAD_BYTES, np.where(m["inference"], 1e6 + 2e8 * demand, nic)) * wobble
+        client = nfs.client(s.storage, s.step, save, load, self._saturated(faults), save_bytes * m["save_part"])
+        for direction, nfs_direction in (("receive", "received"), ("transmit", "sent")):
+            # A scenario's `storage:` has a link of its own (the report's 200 Gb/s RoCE): NFS alone on it.
+            traffic = nic / 2 if s.storage is None else (5e5 + client.bytes(nfs_direction)) * wobble
+            yield emit(f"node_network_{direction}_bytes_total", "node", self._counter(traffic), device="eth0")
         rdma = np.where(busy & m["training"], 2.0e10 * rate, 1e6) * self._noise(0.02)
         for p in range(IB_PORTS):
             port = {"device": f"mlx5_{p}", "port": "1"}
@@ -374,7 +380,7 @@ class Fleet:
                     workload = f"{a.job.name}.service"
                 yield emit("gpunode_node_workload_info", "gpunode", np.where(running, 1.0, np.nan),
                            source=source, workload=workload)
-        yield from self._gpunode(n, faults, save, emit, lost, load, save_bytes, own, m)
+        yield from self._gpunode(n, faults, save, emit, lost, client, own, m)
         for job in ("gpunode", "node", "dcgm"):
             yield emit("up", job, np.ones(t.size))
 
@@ -393,8 +399,8 @@ class Fleet:
                                                              "owner_name": a.job.name,
                                                              "owner_is_controller": "true"}.items())), during)
 
-    def _gpunode(self, n: int, faults: list[Event], save: np.ndarray, emit, lost: np.ndarray, load: np.ndarray,
-                 save_bytes: np.ndarray, own: causes.Own, m: dict[str, np.ndarray]) -> Iterator[Series]:
+    def _gpunode(self, n: int, faults: list[Event], save: np.ndarray, emit, lost: np.ndarray, client: nfs.Client,
+                 own: causes.Own, m: dict[str, np.ndarray]) -> Iterator[Series]:
         t = self.t
         ones = np.ones(t.size)
         yield emit("gpunode_gpus_expected", "gpunode", ones * GPUS)
@@ -458,53 +464,50 @@ class Fleet:
             shown = count > 0  # the exporter exports an Xid series from its first event on
             yield emit("gpunode_xid_errors_total", "gpunode", np.where(shown, count, np.nan), **xl)
             yield emit("gpunode_xid_last_event_timestamp_seconds", "gpunode", np.where(shown, last, np.nan), **xl)
-        yield from self._nfs(n, faults, save, emit, load, save_bytes * m["save_part"])
+        yield from self._nfs(faults, emit, client)
         yield from self._roce(emit, own, save)
 
-    def _nfs(self, n: int, faults: list[Event], save: np.ndarray, emit, load: np.ndarray,
-             save_bytes: np.ndarray) -> Iterator[Series]:
-        t, step = self.t, self.s.step
-        mount = {"mountpoint": "/ckpt", "export": "nas:/ckpt"}
-        saturated = np.zeros(t.size, bool)
+    def _saturated(self, faults: list[Event]) -> np.ndarray:
+        out = np.zeros(self.t.size, bool)
         for f in faults:
             if f.kind == "nfs_saturation":
-                saturated |= self._between(f.at, f.at + f.duration("lasts", 1500))
+                out |= self._between(f.at, f.at + f.duration("lasts", 1500))
+        return out
+
+    def _nfs(self, faults: list[Event], emit, client: nfs.Client) -> Iterator[Series]:
+        """The NFS client's counters (fleet/nfs.py), a GETATTR spike's slow server on top."""
+        t = self.t
+        mount = {"mountpoint": "/ckpt", "export": "nas:/ckpt"}
         getattr_ms = 0.6 * self._noise(0.05)
         for f in faults:
             if f.kind == "getattr_spike":
                 getattr_ms[self._between(f.at - f.duration("lead", 600), f.at + 600)] *= 30
-        getattr_ops = np.full(t.size, 50.0)
-        write_ops = np.where(save, save_bytes / WSIZE / step, 0.5)
-        # A fault's load saturates the slots (the report: 2.5 GB/s per node); a restart's load reads less.
-        read_ops = np.where(saturated, 2400.0, np.where(load, LOAD_BYTES / WSIZE, 2.0))
-        queue_ms = {"WRITE": np.where(save, 5.0, 1.0), "READ": np.where(saturated, 1400.0, 1.0), "GETATTR": 0.0}
-        rtt_ms = {"WRITE": 110.0, "READ": 120.0, "GETATTR": getattr_ms}
-        for op, ops in (("GETATTR", getattr_ops), ("WRITE", write_ops), ("READ", read_ops)):
-            q, r = queue_ms[op] * np.ones(t.size), rtt_ms[op] * np.ones(t.size)
+        client.rtt_ms["GETATTR"] = getattr_ms
+        for op in ("GETATTR", "WRITE", "READ"):
+            ops, q, r = client.ops[op], client.queue_ms[op] * np.ones(t.size), client.rtt_ms[op] * np.ones(t.size)
             labels = {**mount, "op": op}
             yield emit("gpunode_nfs_rpc_operations_total", "gpunode", self._counter(ops), **labels)
             yield emit("gpunode_nfs_rpc_queue_seconds_total", "gpunode", self._counter(ops * q / 1000), **labels)
             yield emit("gpunode_nfs_rpc_rtt_seconds_total", "gpunode", self._counter(ops * r / 1000), **labels)
-            yield emit("gpunode_nfs_rpc_execute_seconds_total", "gpunode", self._counter(ops * (q + r + 0.1) / 1000),
+            yield emit("gpunode_nfs_rpc_execute_seconds_total", "gpunode",
+                       self._counter(ops * (q + r + nfs.CLIENT_MS) / 1000), **labels)
+            yield emit("gpunode_nfs_rpc_sent_bytes_total", "gpunode", self._counter(client.op_bytes(op, "sent")),
                        **labels)
-            sent = ops * (WSIZE if op == "WRITE" else 200)
-            received = ops * (WSIZE if op == "READ" else 200)
-            yield emit("gpunode_nfs_rpc_sent_bytes_total", "gpunode", self._counter(sent), **labels)
-            yield emit("gpunode_nfs_rpc_received_bytes_total", "gpunode", self._counter(received), **labels)
+            yield emit("gpunode_nfs_rpc_received_bytes_total", "gpunode",
+                       self._counter(client.op_bytes(op, "received")), **labels)
             yield emit("gpunode_nfs_rpc_major_timeouts_total", "gpunode", np.zeros(t.size), **labels)
         yield emit("gpunode_nfs_mount_major_timeouts_total", "gpunode", np.zeros(t.size), **mount)
-        sends = getattr_ops + write_ops + read_ops
-        in_flight = np.where(saturated, 128.0, np.where(save, 40.0, np.where(load, 30.0, 2.0)))
-        backlog = np.where(saturated, 600.0, 0.0)
-        tr = {**mount, "transport": "0", "protocol": "tcp"}
-        yield emit("gpunode_nfs_transport_sends_total", "gpunode", self._counter(sends), **tr)
-        yield emit("gpunode_nfs_transport_in_flight_sum_total", "gpunode", self._counter(sends * in_flight), **tr)
-        yield emit("gpunode_nfs_transport_backlog_sum_total", "gpunode", self._counter(sends * backlog), **tr)
-        yield emit("gpunode_nfs_transport_max_slots", "gpunode", np.maximum.accumulate(in_flight) * 0 + 128, **tr)
+        storage = self.s.storage or nfs.Storage()  # the fixed client's slots and link are its defaults
+        for k in range(client.transports):
+            tr = {**mount, "transport": str(k), "protocol": "tcp"}
+            yield emit("gpunode_nfs_transport_sends_total", "gpunode", self._counter(client.sends), **tr)
+            yield emit("gpunode_nfs_transport_in_flight_sum_total", "gpunode", self._counter(client.in_flight), **tr)
+            yield emit("gpunode_nfs_transport_backlog_sum_total", "gpunode", self._counter(client.backlog), **tr)
+            yield emit("gpunode_nfs_transport_max_slots", "gpunode", np.full(t.size, float(storage.slots)), **tr)
         yield emit("gpunode_nfs_mount_info", "gpunode", np.ones(t.size), **mount, protocol="tcp",
                    server_address="10.20.0.5", device="eth0")
         yield emit("gpunode_storage_interface_info", "gpunode", np.ones(t.size), device="eth0", source="nfs_route")
-        yield emit("gpunode_network_link_speed_bytes", "gpunode", np.full(t.size, 2.5e10), device="eth0")
+        yield emit("gpunode_network_link_speed_bytes", "gpunode", np.full(t.size, storage.link), device="eth0")
 
     def _roce(self, emit, own: causes.Own, save: np.ndarray) -> Iterator[Series]:
         """The RoCE NIC (storage and the job's traffic over Ethernet): congestion, PFC and its transport errors."""

@@ -29,6 +29,56 @@ def _blamed(attempt: dict[str, Any]) -> str:
     return f"{attempt['node']} ({what})"
 
 
+MAIN_OP = {"save": "WRITE", "load": "READ"}
+
+
+def _storage(st: dict[str, Any], step: float, figures: dict[str, str]) -> list[str]:
+    """Per phase and operation where a request's time went (the Lablup B200 operations report's
+    Table 13), the slot table and the link; and what to change where the slots hold it back."""
+    lines = ["| phase | op | requests | per node/s (peak) | per request | waiting for a slot | network + server "
+             "| slot wait share |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for phase in ("save", "load"):
+        for op, o in st[phase]["operations"].items():
+            rate = o.get("requests_per_second")
+            per_node = "n/a" if rate is None else f"{rate:,.0f} ({o['requests_per_second_peak']:,.0f})"
+            lines.append(f"| {phase} | {op} | {o['requests'] * step:,.0f} | {per_node} "
+                         f"| {1000 * o['execute_seconds']:.1f} ms "
+                         f"| {1000 * o['queue_seconds']:.1f} ms | {1000 * o['rtt_seconds']:.1f} ms "
+                         f"| {_pct(o['slot_wait_fraction'])} |")
+    for phase in ("save", "load"):
+        p = st[phase]
+        lines.append(f"\nDuring {phase}s ({_h(p['samples'] * step)} of node time): the slot table was full "
+                     f"{_pct(p['slot_table_full_fraction'])} of the time; the storage link ran at "
+                     f"{_pct(p['link_utilization_mean'])} on average, {_pct(p['link_utilization_peak'])} at its peak.")
+    if "storage" in figures:
+        lines += ["", f"![NFS request time split]({figures['storage']})"]
+    bound = st["slots_bottleneck"]
+    if bound:
+        what = "; ".join(f"a {phase}'s {MAIN_OP[phase]}s waited {_pct(_main(st, phase)['slot_wait_fraction'], 0)} "
+                         f"of their time for a slot while the link ran at {_pct(st[phase]['link_utilization_mean'])}"
+                         for phase in bound)
+        during = " and ".join(f"{phase}s" for phase in bound)
+        lines += ["", f"**The NFS client's RPC slot table is the bottleneck during {during}**: {what}. "
+                  "A faster link would not help. Give the mount more slots, or make the server answer faster (a "
+                  "request holds its slot until the server answers): raise `sunrpc.tcp_max_slot_table_entries` "
+                  "(over RDMA `sunrpc.rdma_slot_table_entries`) and remount; mount with `nconnect=` for more "
+                  "transports, each with a slot table of its own; or ask the storage team for a lower response "
+                  "time (docs/runbooks/nfs.md)."]
+    for phase in ("save", "load"):
+        o = _main(st, phase)
+        if phase in bound or not o or not o["execute_seconds"]:
+            continue
+        server = o["rtt_seconds"] / o["execute_seconds"]
+        if server >= 0.5:
+            lines += ["", f"During {phase}s a {MAIN_OP[phase]} spent {_pct(server, 0)} of its time on the network "
+                      "and in the server: their response time sets how long it takes."]
+    return lines
+
+
+def _main(st: dict[str, Any], phase: str) -> dict[str, Any]:
+    return st[phase]["operations"].get(MAIN_OP[phase], {})
+
+
 def render(r: dict[str, Any], figures: dict[str, str]) -> str:
     gpus = r["gpus_per_node"]
     jobs = r["jobs"]
@@ -84,29 +134,7 @@ def render(r: dict[str, Any], figures: dict[str, str]) -> str:
     for name, path in figures.items():
         if name.startswith("young-daly"):
             lines += ["", f"![Young/Daly cost curve]({path})"]
-    st = r["storage"]
-    lines += ["", "## Storage during saves and loads", "",
-              "| phase | op | requests | per request | waiting for a slot | network + server | slot wait share |",
-              "|---|---|---:|---:|---:|---:|---:|"]
-    for phase in ("save", "load"):
-        for op, o in st[phase]["operations"].items():
-            lines.append(f"| {phase} | {op} | {o['requests'] * r['step_seconds']:,.0f} "
-                         f"| {1000 * o['execute_seconds']:.1f} ms "
-                         f"| {1000 * o['queue_seconds']:.1f} ms | {1000 * o['rtt_seconds']:.1f} ms "
-                         f"| {_pct(o['slot_wait_fraction'])} |")
-    for phase in ("save", "load"):
-        p = st[phase]
-        lines.append(f"\nDuring {phase}s ({_h(p['samples'] * r['step_seconds'])} of node time): "
-                     "the slot table was full "
-                     f"{_pct(p['slot_table_full_fraction'])} of the time; the storage link ran at "
-                     f"{_pct(p['link_utilization_mean'])} on average, {_pct(p['link_utilization_peak'])} at its peak.")
-    if "storage" in figures:
-        lines += ["", f"![NFS request time split]({figures['storage']})"]
-    if st["slots_bottleneck"]:
-        lines += ["", f"**The RPC slots are the bottleneck during {' and '.join(st['slots_bottleneck'])}s**, not the "
-                  "link: requests wait longer for a slot than network and server take while the link is mostly idle. "
-                  "A faster link would not help; more slots would: raise `sunrpc.tcp_max_slot_table_entries` (and "
-                  "mount with `nconnect=` for more transports), docs/runbooks/nfs.md."]
+    lines += ["", "## Storage during saves and loads", "", *_storage(r["storage"], r["step_seconds"], figures)]
     lines += ["", "## Stragglers", ""]
     if r["stragglers"]:
         lines += ["| start | end | job | node | cause | slower by | GPU-hours lost |",

@@ -16,14 +16,17 @@ TIMES = ("operations", "queue", "rtt", "execute")
 class Totals:
     """Sums over the samples of one phase: per op, requests and seconds; and per sample counts."""
 
-    ops: dict[str, dict[str, float]] = field(default_factory=dict)  # op -> TIMES -> per-second sums
+    ops: dict[str, dict[str, float]] = field(default_factory=dict)  # op -> TIMES -> per-second sums; samples, peak
     samples: int = 0
     saturated: int = 0
     link: list[float] = field(default_factory=list)  # utilization per sample (only phase samples: small)
 
     def add_op(self, op: str, what: str, values: np.ndarray) -> None:
-        entry = self.ops.setdefault(op, dict.fromkeys(TIMES, 0.0))
+        entry = self.ops.setdefault(op, dict.fromkeys((*TIMES, "samples", "peak"), 0.0))
         entry[what] += float(np.nansum(values))
+        if what == "operations" and (seen := ~np.isnan(values)).any():  # a node's requests/s in each sample
+            entry["samples"] += int(seen.sum())
+            entry["peak"] = max(entry["peak"], float(np.nanmax(values)))
 
 
 def accumulate(totals: dict[int, Totals], phase: np.ndarray, op: str, what: str, values: np.ndarray) -> None:
@@ -42,8 +45,9 @@ def summary(totals: dict[int, Totals], slot_saturation: float, link_fraction: fl
             n = sums["operations"]
             if n <= 0:
                 continue
-            ops[op] = {"requests": n, "queue_seconds": sums["queue"] / n, "rtt_seconds": sums["rtt"] / n,
-                       "execute_seconds": sums["execute"] / n,
+            ops[op] = {"requests": n, "requests_per_second": n / sums["samples"],
+                       "requests_per_second_peak": sums["peak"], "queue_seconds": sums["queue"] / n,
+                       "rtt_seconds": sums["rtt"] / n, "execute_seconds": sums["execute"] / n,
                        "slot_wait_fraction": sums["queue"] / sums["execute"] if sums["execute"] > 0 else None}
         link = np.array(t.link) if t.link else np.array([np.nan])
         out[name] = {"samples": t.samples, "operations": ops,
