@@ -32,13 +32,13 @@ KINDS = (
 SEVERITIES = ("fatal", "nonfatal", "unknown")
 MAX_DEVICE = 64
 
-# Bytes at least one of which every counted line holds: most records are other subsystems'
-# and fail this in one regex scan.
-_TRIGGER = re.compile(
-    rb"SXid|blocked for more|soft lockup|hard LOCKUP|stall|Kernel panic|Killed process|EXT|XFS|BTRFS"
-    rb"|error, dev|nvme|Disk failure|nfs|NFS|Lock reclaim|Machine check|EDAC|AER:|[Ll]ink|Port module"
-    rb"|insufficient power|mlx5_cmd_out_err|probe of|fallen off|RmInitAdapter|heartbeat|PMU has halted"
-    rb"|GSP firmware|knvlink|peermem|segfault")
+# Words at least one of which every counted line holds: most records are other subsystems' and
+# fail this one scan. Plain literals only: a class or a case-insensitive part makes it 4x slower.
+_TRIGGER = re.compile(b"|".join(re.escape(word) for word in (
+    b"SXid", b"blocked for", b"lockup", b"LOCKUP", b"stall", b"panic", b"Killed process", b"-fs", b"XFS",
+    b"BTRFS", b"error, dev", b"nvme", b"Disk failure", b"nfs", b"Machine check", b"EDAC", b"AER:", b"ink ",
+    b"Port module", b"insufficient power", b"mlx5_cmd_out_err", b"probe of", b"NVRM:", b"peermem",
+    b"segfault")))
 
 _PCI = r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]"
 _DEVICE = {  # kind of name -> what the kernel prints for it
@@ -140,11 +140,17 @@ _RULES: list[tuple[str, re.Pattern[str], str | None, str | None]] = [
 _RULES = [(kind, re.compile(p.pattern, (p.flags & ~re.UNICODE) | re.ASCII), g, d) for kind, p, g, d in _RULES]
 
 
-def event_in_record(record: Record) -> SXidEvent | KernelEvent | None:
+def worth_parsing(record: Record) -> bool:
+    """False for the records that can be no Xid, SXid or kernel event: user space's, and (most)
+    those holding none of the words such lines hold. One scan, before anything else."""
+    return record.facility == FACILITY_KERNEL and _TRIGGER.search(record.text) is not None
+
+
+def event_in_record(record: Record, checked: bool = False) -> SXidEvent | KernelEvent | None:
     """The SXid or kernel event a record marks, or None. Only the kernel's own records count.
     ValueError (KernelNumberError, DeviceError) for a counted kind with a number or device no
-    kernel prints: the caller counts that record as malformed."""
-    if record.facility != FACILITY_KERNEL or _TRIGGER.search(record.text) is None:
+    kernel prints: the caller counts that record as malformed. checked: worth_parsing() said so."""
+    if not (checked or worth_parsing(record)):
         return None
     return parse_event(unescape(record.text))
 

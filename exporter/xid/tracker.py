@@ -39,7 +39,7 @@ from gpunode_exporter.sysfs.pci import canonical_bus_id
 from gpunode_exporter.xid import state as statefile
 from gpunode_exporter.xid import sxid_catalog
 from gpunode_exporter.xid.gpus import GpuDirectory, Identity
-from gpunode_exporter.xid.kernel import KernelEvent, SXidEvent, event_in_record
+from gpunode_exporter.xid.kernel import KernelEvent, SXidEvent, event_in_record, worth_parsing
 from gpunode_exporter.xid.parse import xid_in_record
 
 log = logging.getLogger(__name__)
@@ -217,9 +217,11 @@ class XidTracker:
             elif not self._skip_lost:
                 lost += record.seq  # overwritten before this boot's log was first read
             last = record.seq
+            if not worth_parsing(record):
+                continue  # most records: one scan, nothing more
             try:
                 event = xid_in_record(record)
-                other = event_in_record(record) if event is None else None
+                other = event_in_record(record, checked=True) if event is None else None
             except ValueError:  # a number or device no kernel prints: that record alone
                 malformed += 1
                 continue
