@@ -3,6 +3,7 @@
 
     .venv/bin/python benchmarks/xid.py [--records 1000000] [--repetitions 5] [--events 1000]
                                        [--flood-seconds 60] [--flood-rate 50000]
+                                       [--before DIR [--floods-only]]
 
 The three targets of the Xid collector, each beside a peer in the same run:
 
@@ -25,6 +26,12 @@ The three targets of the Xid collector, each beside a peer in the same run:
    CPU and counts are sampled every second. Peer: the same flood beside the same
    exporter with only the staging collector (no Xid thread), for the RSS and CPU
    the Xid thread adds.
+
+4. With --before DIR (a checkout of earlier code with its own .venv): floods by kind at the same
+   rate, this commit's exporter beside the earlier one's on the same bytes: today's Xid flood, a
+   dense Xid flood (every record an Xid), an SXid flood (one SXid and its Severity and Data lines
+   over and over, as a driver floods) and a mixed kernel-event flood (the real records of
+   real-kernel-events.kmsg cycled). Every event counted, series as few as written, lag and CPU.
 
 Results: tables on stdout and benchmarks/results/xid.json (every raw number).
 The code is in benchmarks/xid_bench/, a module per concern; this file is its command line.

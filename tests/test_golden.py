@@ -50,7 +50,8 @@ _STAGING = ("mount -t tmpfs -o size=64m tmpfs /mnt && mkdir /mnt/staging && "
 _DURATION = re.compile(r"^gpunode_scrape_collector_duration_seconds\{.*$\n", re.M)
 _BUILD = re.compile(r'^(gpunode_exporter_build_info)\{.*\} ', re.M)
 # Kernel log times are since boot: as Unix time they depend on when this machine booted.
-_XID_TIME = re.compile(r"^(gpunode_xid_last_event_timestamp_seconds\{.*\}) .*$", re.M)
+_XID_TIME = re.compile(r"^(gpunode_(?:xid_last_event|sxid_last_event|kernel_event_last)_timestamp_seconds"
+                       r"\{.*\}) .*$", re.M)
 
 
 def dump(netns: str, scenario: str) -> str:

@@ -34,6 +34,7 @@ from gpunode_exporter.procfs import cgroup, mountinfo, mountstats, pid
 from gpunode_exporter.procfs.pid import IO
 from gpunode_exporter.sysfs import net
 from gpunode_exporter.xid import state as statefile
+from gpunode_exporter.xid.kernel import KINDS, MAX_DEVICE, SXidEvent, parse_event
 from gpunode_exporter.xid.parse import parse_xid
 from tests.fakeproc import STAT, FakeProc
 
@@ -256,6 +257,65 @@ def test_kmsg_any_bytes(raw: bytes) -> None:
     assert _in_u64(record.seq) and _in_u64(record.usec)
 
 
+_EVENTS = [line.partition(";")[2] for name in ("real-kernel-events", "real-xid")
+           for line in (FIXTURES / "kmsg" / f"{name}.kmsg").read_text().splitlines()]
+
+
+def _check_event(text: str) -> None:
+    try:
+        event = parse_event(text)
+    except ValueError:  # KernelNumberError or DeviceError: that record alone
+        return
+    if isinstance(event, SXidEvent):
+        assert 0 <= event.switch <= numbers.U32_MAX and 0 <= event.sxid <= numbers.U32_MAX
+        assert event.severity in (None, "fatal", "nonfatal")
+    elif event is not None:
+        assert event.kind in KINDS and len(event.device) <= MAX_DEVICE
+        assert not any(c.isspace() for c in event.device)
+
+
+@SETTINGS
+@given(st.data())
+def test_kernel_event_lines(data: st.DataObject) -> None:
+    """Real SXid and kernel event lines with words swapped: an event of a known kind with a bounded
+    device, or nothing, or the parse error of that one line."""
+    line = data.draw(st.sampled_from(_EVENTS))
+    words = line.split(" ")
+    for i in data.draw(st.lists(st.integers(0, len(words) - 1), max_size=3)):
+        words[i] = data.draw(st.one_of(WEIRD_NUMBERS, NAMES, st.text(max_size=300)))
+    _check_event(" ".join(words))
+
+
+@SETTINGS
+@given(st.binary(max_size=300))
+def test_kernel_event_any_bytes(raw: bytes) -> None:
+    _check_event(raw.decode("utf-8", "replace"))
+
+
+_RECORDS = (FIXTURES / "kmsg" / "real-kernel-events.kmsg").read_bytes().splitlines()
+
+
+def _totals(raws: list[bytes]) -> int:
+    from gpunode_exporter.nvml import Session
+    from gpunode_exporter.xid.gpus import GpuDirectory
+    from gpunode_exporter.xid.tracker import XidTracker
+    session = Session()
+    t = XidTracker(Path("/nonexistent"), None, False, Path("/nonexistent"),
+                   GpuDirectory(session, Path("/nonexistent"), Path("/nonexistent")), session)
+    t._handle(raws)
+    return sum(c.value for c in (*t.state.kernel.values(), *t.state.sxids.values()))
+
+
+@settings(max_examples=EXAMPLES // 10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, len(_RECORDS) - 1), st.binary(max_size=120))
+def test_a_bad_record_costs_that_record_alone(at: int, garbage: bytes) -> None:
+    """One record's text replaced by anything: the others' events all counted, none twice."""
+    whole = _totals(_RECORDS)
+    head = _RECORDS[at].partition(b";")[0]
+    changed = [*_RECORDS[:at], head + b";" + garbage.replace(b"\n", b""), *_RECORDS[at + 1:]]
+    assert whole - 1 <= _totals(changed) <= whole
+
+
 # --- /proc/PID/stat, io, uptime, cgroup -------------------------------------------------------
 
 _STAT = (b"77 (python3 (train)) R 12 2176 24769 0 -1 4194304 2859 6532 6 1 4 1 4 2 20 0 1 0 98765 "
@@ -372,7 +432,11 @@ JSON = st.recursive(
     max_leaves=20)
 _GOOD_STATE = {"version": 1, "boot_id": "b", "source": "kmsg", "kmsg_seq": 3, "records_lost": 0,
                "gpus": {"0000:1b:00.0": {"gpu": "0", "uuid": "GPU-1"}},
-               "xids": [{"pci_bus_id": "0000:1b:00.0", "xid": 79, "count": 2, "last": 1.5e9}], "recovery": {}}
+               "xids": [{"pci_bus_id": "0000:1b:00.0", "xid": 79, "count": 2, "last": 1.5e9}], "recovery": {},
+               "sxids": [{"switch": 1, "pci_bus_id": "0000:06:00.0", "sxid": 20034, "severity": "fatal",
+                          "count": 1, "last": 1.5e9}],
+               "kernel_events": [{"kind": "oom_kill", "device": "", "count": 3, "last": 1.5e9}],
+               "nfs_servers": {"nfs1": 0}}
 
 
 @SETTINGS
@@ -400,6 +464,9 @@ def test_state_file(data: st.DataObject) -> None:
         assert _in_u64(count.value) and math.isfinite(count.last_seconds) and count.last_seconds >= 0
     for value in (*loaded.gpus, *(part for ids in loaded.gpus.values() for part in ids)):
         value.encode("utf-8")
+    for count in (*loaded.sxids.values(), *loaded.kernel.values()):
+        assert _in_u64(count.value) and math.isfinite(count.last_seconds) and count.last_seconds >= 0
+    assert all(up in (0, 1) for up in loaded.nfs_servers.values())
 
 
 YAML_VALUES = st.recursive(

@@ -27,6 +27,8 @@ from benchlib import (  # benchmarks/ is on sys.path when run as a script
 from . import BENCHMARKS, ROOT
 from .exporters import fake_procfs
 from .flood import FLOOD_TICK, flood
+from .floods import floods
+from .floods import table as floods_table
 from .latency import latency
 from .records import XID_EVERY
 from .report import machine, tables, targets
@@ -44,6 +46,10 @@ def main(argv: list[str] | None = None, description: str = "") -> int:
     p.add_argument("--flood-seconds", type=float, default=60.0, help="flood duration, each (default 60)")
     p.add_argument("--flood-rate", type=int, default=50_000, help="flood records per second (default 50000)")
     p.add_argument("--output", type=Path, default=RESULTS, help=f"JSON results (default {RESULTS})")
+    p.add_argument("--before", type=Path, metavar="DIR",
+                   help="a checkout of the earlier code with its own .venv: adds the floods by kind, this "
+                        "commit's exporter beside that one's (4/4)")
+    p.add_argument("--floods-only", action="store_true", help="with --before: only the floods by kind")
     args = p.parse_args(argv)
     if (not XID_EVERY <= args.records <= 10_000_000 or not 1 <= args.repetitions <= 100
             or not 1 <= args.events <= 100_000 or not 1 <= args.scrape_only <= 100_000
@@ -52,6 +58,8 @@ def main(argv: list[str] | None = None, description: str = "") -> int:
                 "--flood-seconds 3..3600, --flood-rate 100..1000000")
     if shutil.which("grep") is None:
         p.error("grep not found")
+    if args.floods_only and args.before is None:
+        p.error("--floods-only needs --before")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks below
 
     results: dict[str, Any] = {
@@ -83,12 +91,16 @@ def main(argv: list[str] | None = None, description: str = "") -> int:
         with tempfile.TemporaryDirectory(prefix="xid-bench-") as tmp_name:
             tmp = Path(tmp_name)
             proc = fake_procfs(tmp)
-            print("1/3 parse throughput ...", flush=True)
-            results["throughput"] = throughput(args, tmp, proc)
-            print("2/3 append -> /metrics latency, regular file and FIFO ...", flush=True)
-            results["latency"] = latency(args, tmp, proc, running)
-            print(f"3/3 flood, {args.flood_seconds:g} s ...", flush=True)
-            results["flood"] = flood(args, tmp, proc, running)
+            if not args.floods_only:
+                print("1/4 parse throughput ...", flush=True)
+                results["throughput"] = throughput(args, tmp, proc)
+                print("2/4 append -> /metrics latency, regular file and FIFO ...", flush=True)
+                results["latency"] = latency(args, tmp, proc, running)
+                print(f"3/4 flood, {args.flood_seconds:g} s ...", flush=True)
+                results["flood"] = flood(args, tmp, proc, running)
+            if args.before is not None:
+                print(f"4/4 floods by kind, before and after, {args.flood_seconds:g} s each ...", flush=True)
+                results["floods"] = floods(args, tmp, proc, running)
     except (BenchError, requests.RequestException) as err:
         sys.stderr.write(f"xid: FAILED: {err}\n")
         return 1
@@ -96,10 +108,11 @@ def main(argv: list[str] | None = None, description: str = "") -> int:
         for server in running:
             server.stop()
     end_of_run(results, start_t, cpu_before, ROOT)
-    results["targets"] = targets(results)
+    results["targets"] = targets(results) if "flood" in results else []
     results["target_pass"] = all(t["pass"] for t in results["targets"])
     print()
-    for line in tables(results):
+    for line in (tables(results) if "flood" in results else []) + (floods_table(results["floods"])
+                                                                  if "floods" in results else []):
         print(line)
     m = results["machine"]
     c = results["commit"]

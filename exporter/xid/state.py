@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from gpunode_exporter.numbers import U32_MAX, U64_MAX
+from gpunode_exporter.xid.kernel import KINDS, SEVERITIES
 
 VERSION = 1
 FILE_NAME = "xid-state.json"
-MAX_BYTES = 4 << 20  # a full state (4096 counts) is ~0.5 MiB
+MAX_BYTES = 8 << 20  # a full state (4096 counts of each table) is ~2 MiB
 MAX_ENTRIES = 8192
 
 
@@ -40,6 +41,10 @@ class State:
     gpus: dict[str, tuple[str, str]] = field(default_factory=dict)
     counts: dict[tuple[str, int], Count] = field(default_factory=dict)  # (bus id, xid)
     recovery: dict[str, int] = field(default_factory=dict)  # bus id -> recovery action
+    # NVSwitch SXids: (switch index, bus id, sxid, severity)
+    sxids: dict[tuple[int, str, int, str], Count] = field(default_factory=dict)
+    kernel: dict[tuple[str, str], Count] = field(default_factory=dict)  # (kind, device)
+    nfs_servers: dict[str, int] = field(default_factory=dict)  # server -> 1 responding, 0 not
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -49,6 +54,11 @@ class State:
             "xids": [{"pci_bus_id": bus, "xid": xid, "count": c.value, "last": c.last_seconds}
                      for (bus, xid), c in sorted(self.counts.items())],
             "recovery": dict(sorted(self.recovery.items())),
+            "sxids": [{"switch": sw, "pci_bus_id": bus, "sxid": code, "severity": sev, "count": c.value,
+                       "last": c.last_seconds} for (sw, bus, code, sev), c in sorted(self.sxids.items())],
+            "kernel_events": [{"kind": kind, "device": device, "count": c.value, "last": c.last_seconds}
+                              for (kind, device), c in sorted(self.kernel.items())],
+            "nfs_servers": dict(sorted(self.nfs_servers.items())),
         }
 
     @classmethod
@@ -70,9 +80,29 @@ class State:
                 _natural(item["count"]), _seconds(item["last"]))
         for bus, action in _mapping(data["recovery"]).items():
             state.recovery[_text(bus)] = _natural(action, U32_MAX)
+        # Absent from files written before SXids and kernel events were counted: nothing counted yet.
+        for item in _entries(data.get("sxids", [])):
+            state.sxids[(_natural(item["switch"], U32_MAX), _text(item["pci_bus_id"]),
+                         _natural(item["sxid"], U32_MAX), _text(item["severity"]))] = _count(item)
+        for item in _entries(data.get("kernel_events", [])):
+            state.kernel[(_text(item["kind"]), _text(item["device"]))] = _count(item)
+        for server, up in _mapping(data.get("nfs_servers", {})).items():
+            state.nfs_servers[_text(server)] = _natural(up, 1)
+        if any(kind not in KINDS for kind, _ in state.kernel) or any(k[3] not in SEVERITIES for k in state.sxids):
+            raise ValueError("an unknown kernel event kind or SXid severity")
         if state.source not in ("kmsg", "nvml"):
             raise ValueError(f"unknown source {state.source!r}")
         return state
+
+
+def _entries(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or len(value) > MAX_ENTRIES:
+        raise ValueError(f"want a list of at most {MAX_ENTRIES}")
+    return [_mapping(item) for item in value]
+
+
+def _count(item: dict[str, Any]) -> Count:
+    return Count(_natural(item["count"]), _seconds(item["last"]))
 
 
 def _natural(value: Any, limit: int = U64_MAX) -> int:

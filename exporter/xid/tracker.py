@@ -37,7 +37,9 @@ from gpunode_exporter.nvml import Device, Session
 from gpunode_exporter.problems import Problems
 from gpunode_exporter.sysfs.pci import canonical_bus_id
 from gpunode_exporter.xid import state as statefile
+from gpunode_exporter.xid import sxid_catalog
 from gpunode_exporter.xid.gpus import GpuDirectory, Identity
+from gpunode_exporter.xid.kernel import KernelEvent, SXidEvent, event_in_record, worth_parsing
 from gpunode_exporter.xid.parse import xid_in_record
 
 log = logging.getLogger(__name__)
@@ -45,7 +47,8 @@ log = logging.getLogger(__name__)
 READER_BACKOFF, READER_BACKOFF_MAX = 1.0, 60.0  # seconds before a failed reader starts again
 SAVE_INTERVAL = 0.5  # seconds between saves while Xids are being counted
 IDLE_SAVE_INTERVAL = 5.0  # ... while only the record position moves
-MAX_KEYS = 4096  # (bus id, xid) pairs kept; a flood of odd bus ids must not grow memory
+MAX_KEYS = 4096  # series kept per table (Xids, SXids, kernel events, NFS servers): a flood of odd
+# bus ids or devices must not grow memory; past it, new series are counted as malformed records
 _NVML_EVENTS = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeGpuRecoveryAction
 
 
@@ -54,6 +57,9 @@ class Snapshot:
     source: str | None  # "kmsg", "nvml", None: neither works
     counts: list[tuple[str, Identity, int, int, float]]  # (bus, identity, xid, count, last seconds)
     recovery: dict[str, int]
+    sxids: list[tuple[int, str, int, str, int, float]]  # (switch, bus, sxid, severity, count, last)
+    kernel: list[tuple[str, str, int, float]]  # (kind, device, count, last seconds)
+    nfs_servers: dict[str, int]
     identities: dict[str, Identity]
     records_lost: int
     records_read: int
@@ -197,6 +203,7 @@ class XidTracker:
         last = self.state.kmsg_seq  # only this thread moves it
         lost = 0
         events = []
+        others: list[tuple[SXidEvent | KernelEvent, float]] = []
         for raw in raws:
             try:
                 record = parse_record(raw)
@@ -210,14 +217,19 @@ class XidTracker:
             elif not self._skip_lost:
                 lost += record.seq  # overwritten before this boot's log was first read
             last = record.seq
+            if not worth_parsing(record):
+                continue  # most records: one scan, nothing more
             try:
                 event = xid_in_record(record)
-            except ValueError:  # an Xid line with a number no driver prints: that record alone
+                other = event_in_record(record, checked=True) if event is None else None
+            except ValueError:  # a number or device no kernel prints: that record alone
                 malformed += 1
                 continue
             if event is not None:
                 bus = _canonical(event.pci_bus_id)
                 events.append((bus, event.xid, event.recovery_action, self._boot_wall + record.usec / 1e6))
+            elif other is not None:
+                others.append((other, self._boot_wall + record.usec / 1e6))
         self._skip_lost = False
         identities = {bus: self._identity(bus) for bus, *_ in events}
         with self._lock:
@@ -227,6 +239,8 @@ class XidTracker:
             self.state.kmsg_seq = last
             for bus, xid, action, when in events:
                 self._count(bus, identities[bus], xid, action, when)
+            for other, when in others:
+                self._count_other(other, when)
             self._dirty = True
         self._save_wanted.set()
 
@@ -248,6 +262,27 @@ class XidTracker:
         count.last_seconds = max(count.last_seconds, when)
         if action is not None:
             self.state.recovery[bus] = action
+        self._dirty_xid = True
+
+    def _count_other(self, event: SXidEvent | KernelEvent, when: float) -> None:
+        """Under the lock: an SXid or a kernel event, each table capped at MAX_KEYS series."""
+        table: dict[Any, statefile.Count]
+        if isinstance(event, SXidEvent):
+            table = self.state.sxids
+            key: tuple[Any, ...] = (event.switch, event.pci_bus_id, event.sxid,
+                                    sxid_catalog.severity(event.sxid, event.severity))
+        else:
+            table, key = self.state.kernel, (event.kind, event.device)
+            if event.kind in ("nfs_not_responding", "nfs_ok"):
+                servers = self.state.nfs_servers
+                if event.device in servers or len(servers) < MAX_KEYS:
+                    servers[event.device] = 1 if event.kind == "nfs_ok" else 0
+        if key not in table and len(table) >= MAX_KEYS:
+            self.malformed += 1
+            return
+        count = table.setdefault(key, statefile.Count())
+        count.value += 1
+        count.last_seconds = max(count.last_seconds, when)
         self._dirty_xid = True
 
     # --- NVML events ------------------------------------------------------------
@@ -354,6 +389,9 @@ class XidTracker:
                 counts=[(bus, s.gpus.get(bus, ("", "")), xid, c.value, c.last_seconds)
                         for (bus, xid), c in sorted(s.counts.items())],
                 recovery=dict(s.recovery),
+                sxids=[(*key, c.value, c.last_seconds) for key, c in sorted(s.sxids.items())],
+                kernel=[(*key, c.value, c.last_seconds) for key, c in sorted(s.kernel.items())],
+                nfs_servers=dict(s.nfs_servers),
                 identities={**identities, **s.gpus},
                 records_lost=s.records_lost,
                 records_read=self.records_read,
