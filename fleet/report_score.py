@@ -39,19 +39,6 @@ SAVE_TOLERANCE = 2.0  # seconds per save: the exporter samples once a second, at
 OPTIMUM_TOLERANCE = 0.03  # of the optimal interval
 HOLDS_FOR = 900.0  # seconds a fault's node must hold its job back to be a straggler: goodput.straggler_for
 PARTS = ("productive", "checkpoint_save", "checkpoint_load", "down", "slowed", "lost_progress")
-# The cause the report names for each straggler fault; a throttle's by its reason, a fabric link's
-# by its fabric (the fault's param, fleet/causes.py's default where the scenario gives none).
-CAUSE: dict[str, str | dict[str, str]] = {
-    "throttle": {"thermal": "clock_thermal", "power_cap": "clock_power_cap", "power_brake": "clock_power_brake"},
-    "fabric_link": {"infiniband": "fabric_infiniband", "roce": "fabric_roce"},
-    "nvlink_degraded": "nvlink_degraded", "pcie_downgrade": "pcie_link_degraded", "host_starved": "host_starved",
-    "job_slowdown": "job_wide"}
-PARAM = {"throttle": ("reason", "thermal"), "fabric_link": ("fabric", "infiniband")}
-
-
-def cause(fault: Any) -> str:
-    word = CAUSE[fault.kind]
-    return word if isinstance(word, str) else word[fault.param(*PARAM[fault.kind])]
 
 
 @dataclass
@@ -72,7 +59,7 @@ def _stragglers(fleet: Fleet) -> list[tuple[Any, list[Attempt]]]:
     whole = {id(e): hit for e, hit in fleet.job_events("job_slowdown")}  # a job slowed as a whole
     out = []
     for f in fleet.s.faults:
-        if f.kind not in CAUSE:
+        if f.kind not in causes.CAUSE:
             continue
         end = f.at + f.duration("lasts", fleet.s.duration)
         hit = whole.get(id(f), []) if f.kind == "job_slowdown" else [
@@ -246,7 +233,7 @@ def score(fleet: Fleet, report: dict[str, Any]) -> Result:
     for f, _hit in _stragglers(fleet):
         start, end = fleet.start + f.at, fleet.start + f.at + f.duration("lasts", fleet.s.duration)
         node = "" if f.kind == "job_slowdown" else node_name(f.node)
-        word = cause(f)
+        word = causes.cause(f)
         hit = [e for e in episodes if e[0] == node and e[3] == word and e[1] < end and e[2] > start]
         res.check(bool(hit), f"straggler {f.kind} on {node or 'job of ' + node_name(f.node)} "
                   f"at +{f.at / 3600:.2f} h listed as {word}")
@@ -256,4 +243,4 @@ def score(fleet: Fleet, report: dict[str, Any]) -> Result:
     return res
 
 
-assert set(CAUSE) == {*causes.CULPRIT_CAUSES, "job_slowdown"}
+assert set(causes.CAUSE) == {*causes.CULPRIT_CAUSES, "job_slowdown"}

@@ -48,6 +48,7 @@ class Truth:
     end: float
     workloads: tuple[str, ...] = ()  # the workloads (as the rule pack labels them) this fault slows
     detail: str = ""  # for the report: the cause's variant, how much it slows the job, the job's size
+    cause: str = ""  # a straggler's: the `cause` label its node's alert must carry (fleet/causes.py CAUSE)
 
 
 def node_name(n: int) -> str:
@@ -126,7 +127,8 @@ class Fleet:
             if f.kind not in (*causes.CULPRIT_CAUSES, "job_slowdown"):
                 slowed = ()
             out.append(Truth(f.kind, "" if f.kind == "job_slowdown" else node_name(f.node), self.start + onset,
-                             self.start + start, self.start + end, slowed, self._detail(f)))
+                             self.start + start, self.start + end, slowed, self._detail(f),
+                             causes.cause(f) if f.kind in causes.CULPRIT_CAUSES else ""))
         return out
 
     def _detail(self, f: Event) -> str:
