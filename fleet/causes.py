@@ -40,6 +40,20 @@ IB_RATE = 5e10  # bytes/s: NDR 400 Gb/s
 # Causes that slow every node of the job alike (a collective over a degraded link) rather than one node's step.
 LINK_CAUSES = ("nvlink_degraded", "fabric_link", "pcie_downgrade")
 CULPRIT_CAUSES = ("throttle", *LINK_CAUSES, "host_starved")
+# The cause each straggler fault is named by: the `cause` label of the rule pack's alert that names
+# its node, and the report's word for it (a job slowed as a whole: job_wide). A throttle's by its
+# reason, a fabric link's by its fabric (the fault's param, build()'s default where none is given).
+CAUSE: dict[str, str | dict[str, str]] = {
+    "throttle": {"thermal": "clock_thermal", "power_cap": "clock_power_cap", "power_brake": "clock_power_brake"},
+    "fabric_link": {"infiniband": "fabric_infiniband", "roce": "fabric_roce"},
+    "nvlink_degraded": "nvlink_degraded", "pcie_downgrade": "pcie_link_degraded", "host_starved": "host_starved",
+    "job_slowdown": "job_wide"}
+PARAM = {"throttle": ("reason", "thermal"), "fabric_link": ("fabric", "infiniband")}
+
+
+def cause(fault: Event) -> str:
+    word = CAUSE[fault.kind]
+    return word if isinstance(word, str) else word[fault.param(*PARAM[fault.kind])]
 
 
 @dataclass

@@ -74,19 +74,6 @@ SAVE_LINK_TOLERANCE = 0.003
 # The link during loads, of the published: it follows the READ rate (RATE_TOLERANCE).
 LOAD_LINK_TOLERANCE = 0.15
 PARTS = ("productive", "checkpoint_save", "checkpoint_load", "down", "slowed", "lost_progress")
-# The cause the report names for each straggler fault; a throttle's by its reason, a fabric link's
-# by its fabric (the fault's param, fleet/causes.py's default where the scenario gives none).
-CAUSE: dict[str, str | dict[str, str]] = {
-    "throttle": {"thermal": "clock_thermal", "power_cap": "clock_power_cap", "power_brake": "clock_power_brake"},
-    "fabric_link": {"infiniband": "fabric_infiniband", "roce": "fabric_roce"},
-    "nvlink_degraded": "nvlink_degraded", "pcie_downgrade": "pcie_link_degraded", "host_starved": "host_starved",
-    "job_slowdown": "job_wide"}
-PARAM = {"throttle": ("reason", "thermal"), "fabric_link": ("fabric", "infiniband")}
-
-
-def cause(fault: Any) -> str:
-    word = CAUSE[fault.kind]
-    return word if isinstance(word, str) else word[fault.param(*PARAM[fault.kind])]
 
 
 @dataclass
@@ -107,7 +94,7 @@ def _stragglers(fleet: Fleet) -> list[tuple[Any, list[Attempt]]]:
     whole = {id(e): hit for e, hit in fleet.job_events("job_slowdown")}  # a job slowed as a whole
     out = []
     for f in fleet.s.faults:
-        if f.kind not in CAUSE:
+        if f.kind not in causes.CAUSE:
             continue
         end = f.at + f.duration("lasts", fleet.s.duration)
         hit = whole.get(id(f), []) if f.kind == "job_slowdown" else [
@@ -308,7 +295,7 @@ def score(fleet: Fleet, report: dict[str, Any]) -> Result:
     for f, _hit in _stragglers(fleet):
         start, end = fleet.start + f.at, fleet.start + f.at + f.duration("lasts", fleet.s.duration)
         node = "" if f.kind == "job_slowdown" else node_name(f.node)
-        word = cause(f)
+        word = causes.cause(f)
         hit = [e for e in episodes if e[0] == node and e[3] == word and e[1] < end and e[2] > start]
         res.check(bool(hit), f"straggler {f.kind} on {node or 'job of ' + node_name(f.node)} "
                   f"at +{f.at / 3600:.2f} h listed as {word}")
@@ -321,4 +308,4 @@ def score(fleet: Fleet, report: dict[str, Any]) -> Result:
 
 
 assert set(PUBLISHED) == set(nfs.PUBLISHED)
-assert set(CAUSE) == {*causes.CULPRIT_CAUSES, "job_slowdown"}
+assert set(causes.CAUSE) == {*causes.CULPRIT_CAUSES, "job_slowdown"}

@@ -1,11 +1,13 @@
 """Alerts against the truth: per fault class and overall, precision, recall, lead time, false alerts.
 
 An alert episode (an alert's labels firing over consecutive evaluations) detects a fault when
-it fires on the fault's node within the fault's window and its name is one of the class's
-detecting alerts. An alert of a whole job (GpuJobSlowedDown: a workload, no node) matches a
-fault that slows that workload: it detects a job-wide slowdown, and is a consequence of a
-straggler. Lead time is the first detecting episode's start minus the fault's
-reference time (the Xid, the slowdown's onset, the GPU's loss): negative = before it.
+it fires on the fault's node within the fault's window, its name is one of the class's
+detecting alerts and, for a straggler, its `cause` label names the fault's cause (a power cap
+named as a thermal throttle sends someone to the wrong fix). An alert of a whole job
+(GpuJobSlowedDown: a workload, no node) matches a fault that slows that workload: it detects a
+job-wide slowdown, and is a consequence of a straggler. Lead time is the first detecting
+episode's start minus the fault's reference time (the Xid, the slowdown's onset, the GPU's
+loss): negative = before it.
 Episodes of severity info (advice, e.g. the checkpoint interval) are not counted as alerts.
 An episode matching no fault is false; false alerts are counted per 1,000 healthy node-days
 (node time outside every fault window).
@@ -92,6 +94,13 @@ def _hits(alerts: list[Firing], fault: Truth) -> list[Firing]:
     return [f for f in alerts if _on(f, fault) and f.end >= fault.start and f.start <= fault.end]
 
 
+def _detects(alert: Firing, fault: Truth) -> bool:
+    """One of the class's detecting alerts, with the fault's cause where both name one (an alert
+    of a rule pack from before the `cause` label names none)."""
+    return alert.alertname in DETECTS[fault.kind] and (
+        not fault.cause or alert.labels.get("cause", fault.cause) == fault.cause)
+
+
 def score(firing: list[Firing], truth: list[Truth], nodes: list[str], span: float) -> Score:
     alerts = [f for f in firing if f.labels.get("severity") != "info"]
     matched: set[int] = set()
@@ -101,7 +110,7 @@ def score(firing: list[Firing], truth: list[Truth], nodes: list[str], span: floa
         detected, leads, true_alerts = 0, [], 0
         for fault in faults:
             hits = _hits(alerts, fault)
-            detecting = [f for f in hits if f.alertname in DETECTS[kind]]
+            detecting = [f for f in hits if _detects(f, fault)]
             for f in hits:
                 if f.alertname in DETECTS[kind] or f.alertname in CONSEQUENCES:
                     if id(f) not in matched:
@@ -123,8 +132,7 @@ def score(firing: list[Firing], truth: list[Truth], nodes: list[str], span: floa
 
 def first_detection(firing: list[Firing], fault: Truth) -> float | None:
     """Seconds from the fault's onset to its first detecting alert, or None."""
-    starts = [f.start for f in _hits(firing, fault)
-              if f.labels.get("severity") != "info" and f.alertname in DETECTS[fault.kind]]
+    starts = [f.start for f in _hits(firing, fault) if f.labels.get("severity") != "info" and _detects(f, fault)]
     return min(starts) - fault.onset if starts else None
 
 

@@ -46,6 +46,7 @@ class Truth:
     end: float
     workloads: tuple[str, ...] = ()  # the workloads (as the rule pack labels them) this fault slows
     detail: str = ""  # for the report: the cause's variant, how much it slows the job, the job's size
+    cause: str = ""  # a straggler's: the `cause` label its node's alert must carry (fleet/causes.py CAUSE)
 
 
 def node_name(n: int) -> str:
@@ -124,7 +125,8 @@ class Fleet:
             if f.kind not in (*causes.CULPRIT_CAUSES, "job_slowdown"):
                 slowed = ()
             out.append(Truth(f.kind, "" if f.kind == "job_slowdown" else node_name(f.node), self.start + onset,
-                             self.start + start, self.start + end, slowed, self._detail(f)))
+                             self.start + start, self.start + end, slowed, self._detail(f),
+                             causes.cause(f) if f.kind in causes.CULPRIT_CAUSES else ""))
         if nfs.saturates_loads(self.s.storage):  # each load fills the slot table: NfsSlotTableSaturated is right
             out += [Truth("nfs_saturation", node_name(n), self.start + a.start, self.start + a.start - 3600,
                           self.start + a.start + min(a.job.load, a.end - a.start) + 3600)

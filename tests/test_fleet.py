@@ -62,6 +62,25 @@ def test_scorer() -> None:
     assert score.first_detection(firing, truth[0]) == 300.0
 
 
+def test_scorer_wants_a_stragglers_node_named_with_its_cause() -> None:
+    """A straggler is detected by the alert that names its node with its cause, not by its job's
+    alert, nor by a cause alert naming another cause (the fault's truth carries the word)."""
+    fleet = Fleet(scenario.load("small-jobs"), 0.0)
+    power_cap = next(t for t in fleet.truth() if t.node == "gpu005")
+    assert (power_cap.kind, power_cap.cause) == ("throttle", "clock_power_cap")
+    at = power_cap.onset + 270
+
+    def firing(*alerts: tuple[str, dict[str, str]]) -> list[Firing]:
+        return [Firing(name, {"severity": "warning", **labels}, at, at + 600) for name, labels in alerts]
+
+    job = ("GpuJobSlowedDown", {"workload": power_cap.workloads[0]})
+    for alerts, lead in [([job], None),
+                         ([job, ("GpuNodeClockThrottled", {"instance": "gpu005", "cause": "clock_thermal"})], None),
+                         ([job, ("GpuNodeClockThrottled", {"instance": "gpu005", "cause": "clock_power_cap"})], 270),
+                         ([("GpuNodeClockThrottled", {"instance": "gpu005"})], 270)]:  # a pack without `cause`
+        assert score.first_detection(firing(*alerts), power_cap) == lead
+
+
 @pytest.mark.parametrize("backend", harness.BACKENDS)
 def test_harness_finds_the_known_fault_and_keeps_healthy_nodes_silent(backend: str, tmp_path: Path) -> None:
     if tools := harness.missing_tools():
