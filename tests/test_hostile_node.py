@@ -30,7 +30,8 @@ BAD_MOUNT = "/storage/test"
 VOLATILE = ("gpunode_scrape_collector_duration_seconds", "gpunode_exporter_build_info",
             "gpunode_nfs_parse_errors_total", "gpunode_kmsg_records_malformed_total",
             "gpunode_kmsg_records_read_total", "gpunode_kmsg_records_lost_total", "gpunode_xid_state_errors_total",
-            "gpunode_xid_last_event_timestamp_seconds", "gpunode_gpu_process_parse_errors_total",
+            "gpunode_xid_last_event_timestamp_seconds", "gpunode_sxid_last_event_timestamp_seconds",
+            "gpunode_kernel_event_last_timestamp_seconds", "gpunode_gpu_process_parse_errors_total",
             "gpunode_storage_network_parse_errors_total",
             "gpunode_gpu_process_checks_pending")  # a process whose stat is unreadable stays unchecked
 
