@@ -10,6 +10,7 @@ import os
 import resource
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,20 @@ class Writer(threading.Thread):
                 os.close(fd)
 
 
+def sample_each_second(writer: Writer, keys: Iterable[str], sample: Callable[[str, float], Any], t0: float) -> None:
+    """sample(key, seconds since t0) for every key once a second, on the second, while the writer runs."""
+    i = 1
+    while writer.is_alive():
+        delay = t0 + i - time.monotonic()
+        if delay > 0:
+            writer.join(delay)
+        if not writer.is_alive():
+            break
+        for key in keys:
+            sample(key, time.monotonic() - t0)
+        i += 1
+
+
 def flood(args: argparse.Namespace, tmp: Path, proc: Path, running: list[ServerProcess]) -> dict[str, Any]:
     """Both exporters at once, each following its own file; the writer appends the same records to both."""
     labels = {"xid": "xid collector", "staging": "staging collector only (no Xid thread)"}
@@ -105,16 +120,7 @@ def flood(args: argparse.Namespace, tmp: Path, proc: Path, running: list[ServerP
         for key in labels:
             sample(key, 0.0)
         writer.start()
-        i = 1
-        while writer.is_alive():
-            delay = t0 + i - time.monotonic()
-            if delay > 0:
-                writer.join(delay)
-            if not writer.is_alive():
-                break
-            for key in labels:
-                sample(key, time.monotonic() - t0)
-            i += 1
+        sample_each_second(writer, labels, sample, t0)
         if writer.error is not None:
             raise BenchError(f"the flood writer failed: {writer.error!r}")
         end = {key: sample(key, time.monotonic() - t0) for key in labels}  # the writer has stopped

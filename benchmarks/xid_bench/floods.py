@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from benchlib import BenchError, ServerProcess, cpu_times, machine_load  # benchmarks/ is on sys.path
+from benchlib import BenchError, ServerProcess, cpu_times, git_commit, machine_load  # benchmarks/ on sys.path
 
 from .exporters import exporter, get_new_connection, start
-from .flood import Writer
+from .flood import Writer, sample_each_second
 from .records import KMSG, Stream, fixture_records, real_others, templates
 
 KINDS = ("xid", "xid_dense", "sxid_dense", "kernel_mixed")
@@ -80,7 +80,8 @@ def floods(args: argparse.Namespace, tmp: Path, proc: Path, running: list[Server
     before = Path(args.before) / ".venv" / "bin" / "gpunode-exporter"
     if not before.is_file():
         raise BenchError(f"{before} not found: make a checkout of the earlier code with its own .venv")
-    return {kind: _flood(kind, args, tmp, proc, running, str(before)) for kind in KINDS}
+    return {"before_commit": git_commit(Path(args.before))["head"],
+            **{kind: _flood(kind, args, tmp, proc, running, str(before)) for kind in KINDS}}
 
 
 def _flood(kind: str, args: argparse.Namespace, tmp: Path, proc: Path, running: list[ServerProcess],
@@ -116,15 +117,7 @@ def _flood(kind: str, args: argparse.Namespace, tmp: Path, proc: Path, running: 
         for key in servers:
             sample(key, 0.0)
         writer.start()
-        i = 1
-        while writer.is_alive():
-            delay = t0 + i - time.monotonic()
-            if delay > 0:
-                writer.join(delay)
-            if writer.is_alive():
-                for key in servers:
-                    sample(key, time.monotonic() - t0)
-            i += 1
+        sample_each_second(writer, servers, sample, t0)
         if writer.error is not None:
             raise BenchError(f"the flood writer failed: {writer.error!r}")
         end = {key: sample(key, time.monotonic() - t0) for key in servers}
@@ -158,10 +151,12 @@ def _flood(kind: str, args: argparse.Namespace, tmp: Path, proc: Path, running: 
 
 
 def table(r: dict[str, Any]) -> list[str]:
-    lines = ["", "| flood (before = 8aaa73c, after = this commit) | records/s | events written | counted after "
+    before = (r["before_commit"] or "--before")[:7]
+    lines = ["", f"| flood (before = {before}, after = this commit) | records/s | events written | counted after "
              "(before) | series after | lag after, max | lost / malformed after | CPU % of a core after (before) | "
              "RSS max MiB after (before) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for kind, f in r.items():
+    for kind in KINDS:
+        f = r[kind]
         a, b = f["exporters"]["after"], f["exporters"]["before"]
         lines.append(f"| {kind} | {f['rate_achieved']:,.0f} | {f['events_written']:,} | {a['counted']:,} "
                      f"({b['counted']:,}) | {a['series']} | {a['lag_max']:,} | {a['lost']} / {a['malformed']} | "
