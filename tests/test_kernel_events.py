@@ -119,8 +119,10 @@ def test_tracker_counts_each_event_once(tmp_path: Path) -> None:
     sxids = {(sw, bus, code, sev): n for sw, bus, code, sev, n, _ in snap.sxids}
     assert sxids == {(1, "0000:00:08.0", 11004, "nonfatal"): 1, (2, "0000:00:09.0", 11004, "nonfatal"): 1,
                      (0, "0000:00:07.0", 11004, "nonfatal"): 1, (3, "0000:00:0a.0", 11004, "nonfatal"): 1}
-    # an OOM report's many lines, a hung task's hints, an AER error's details: once each
-    assert _kernel(t)[("oom_kill", "")] == 1 and _kernel(t)[("hung_task", "")] == 3
+    # an OOM report's many lines, a hung task's hints, an AER error's details, an mlx5 health
+    # report's print_health_info lines, a command timeout's lines before and after: once each
+    assert _kernel(t)[("oom_kill", "")] == 1 and _kernel(t)[("hung_task", "")] == 4
+    assert _kernel(t)[("nic_fw_error", "0000:0d:00.0")] == 1 and _kernel(t)[("nic_cmd_timeout", "0000:56:00.0")] == 1
     assert snap.nfs_servers == {"fs.tcblab": 0, "7.247.192.16": 1}
     assert snap.records_malformed == 0
 

@@ -37,7 +37,8 @@ MAX_DEVICE = 64
 _TRIGGER = re.compile(b"|".join(re.escape(word) for word in (
     b"SXid", b"blocked for", b"lockup", b"LOCKUP", b"stall", b"panic", b"Killed process", b"-fs", b"XFS",
     b"BTRFS", b"error, dev", b"nvme", b"Disk failure", b"nfs", b"Machine check", b"EDAC", b"AER:", b"ink ",
-    b"Port module", b"insufficient power", b"mlx5_cmd_out_err", b"probe of", b"NVRM:", b"peermem",
+    b"Port module", b"insufficient power", b"mlx5_cmd_out_err", b"poll_health", b"Will cause a leak", b"probe of",
+    b"NVRM:", b"peermem",
     b"segfault")))
 
 _PCI = r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]"
@@ -74,6 +75,8 @@ _SXID = re.compile(r"nvidia-nvswitch([0-9]+): SXid \(PCI:(" + _PCI + r")\): ([0-
 _SXID_MORE = ("Severity ", "Data {")  # the driver's follow-up lines of the same SXid
 
 _PREFIX = r"(?:\S+ (?P<pci>" + _PCI + r")(?: (?P<ifname>[^\s:]+))?: )?"  # dev_printk/netdev_printk
+# mlx5_core_err/warn: "FUNCTION:LINE:(pid N): ", without the pid on kernels that dropped it.
+_MLX5 = r"\w+:[0-9]+:(?:\(pid [0-9]+\):)? "
 # (kind, pattern, which group names the device, its device pattern); the first match wins.
 _RULES: list[tuple[str, re.Pattern[str], str | None, str | None]] = [
     ("hung_task", re.compile(r"INFO: task .+:[0-9]+ blocked for more than [0-9]+ seconds\."), None, None),
@@ -120,8 +123,16 @@ _RULES: list[tuple[str, re.Pattern[str], str | None, str | None]] = [
                                 r"event\[error\]: "), "pci", "pci"),
     ("nic_hw_error", re.compile(_PREFIX + r"mlx5_pcie_event:[0-9]+:\(pid [0-9]+\): Detected insufficient power"),
      "pci", "pci"),
-    ("nic_cmd_error", re.compile(_PREFIX + r"mlx5_cmd_out_err:[0-9]+:\(pid [0-9]+\): \w+\(0x[0-9a-f]+\) "
+    ("nic_cmd_error", re.compile(_PREFIX + r"(?=mlx5_cmd_out_err:)" + _MLX5 + r"\w+\(0x[0-9a-f]+\) "
                                  r"op_mod\(0x[0-9a-f]+\) failed"), "pci", "pci"),
+    # mlx5 cmd.c: a firmware command with no completion in time. Its "No done completion" line
+    # before it and "Command completion arrived after timeout" after it are the same event.
+    ("nic_cmd_timeout", re.compile(_PREFIX + _MLX5 + r"(?:cmd\[-?[0-9]+\]: )?\w+\(0x[0-9a-f]+\) (?:Async, )?"
+                                   r"timeout\. Will cause a leak of a command resource"), "pci", "pci"),
+    # mlx5 health.c: the firmware stopped its health counter, or raised a fatal sensor; the
+    # print_health_info lines after it (syndrome, assert_var ...) are its detail.
+    ("nic_fw_error", re.compile(_PREFIX + r"(?=poll_health:)" + _MLX5 + r"(?:device's health compromised - reached "
+                                r"miss count|Fatal error [0-9]+ detected)"), "pci", "pci"),
     ("nic_init_failed", re.compile(r"mlx5_core: probe of (?P<dev>" + _PCI + r") failed with error"), "dev", "pci"),
     ("gpu_init_failed", re.compile(r"nvidia: probe of (?P<dev>" + _PCI + r") failed with error"), "dev", "pci"),
     ("gpu_init_failed", re.compile(r"NVRM: GPU (?P<dev>" + _PCI + r"): RmInitAdapter failed!"), "dev", "pci"),
