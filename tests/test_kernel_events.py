@@ -173,3 +173,9 @@ def test_flood_of_odd_devices_stays_bounded(tmp_path: Path, monkeypatch: pytest.
 
 def test_kinds_are_the_public_list() -> None:
     assert len(KINDS) == len(set(KINDS)) == 34
+
+
+def test_every_kind_has_a_real_line() -> None:
+    real = ("real-kernel-events", "real-xid", "real-other")
+    kinds = {item["kind"] for name in real for item in _want(name)["events"] if "kind" in item}
+    assert kinds == set(KINDS)
