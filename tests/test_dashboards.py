@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -21,8 +22,10 @@ pytest.importorskip("grafana_foundation_sdk")
 
 import gpunode_rulepack  # noqa: E402
 from gpunode_common.family import MetricSpec  # noqa: E402
+from gpunode_common.kernel_families import FAMILIES, RECOVERIES  # noqa: E402
 from gpunode_exporter.collector import COLLECTORS  # noqa: E402
 from gpunode_exporter.scrape import EXPORTER_METRICS  # noqa: E402
+from gpunode_exporter.xid.kernel import KINDS  # noqa: E402
 from gpunode_remediate import metrics as remediate_metrics  # noqa: E402
 from gpunode_rulepack import dashboards  # noqa: E402
 from gpunode_rulepack.dashboards import doc  # noqa: E402
@@ -35,6 +38,9 @@ SPEC = gpunode_rulepack.load_spec()
 SHIPPED = dashboards.build(SPEC)
 BOARDS = {b.dashboard["uid"]: b.dashboard for b in SHIPPED}
 RANGE = re.compile(r"\[([^\]]+)\]")
+OFFSET = re.compile(r"offset (\$?[\w]+)")
+# Grafana's range and intervals, as the tests below expand queries with them.
+GRAFANA_RANGE = "1h"
 # The node_exporter and dcgm-exporter series the rule pack reads (rules/external-metrics.yaml)
 # and the few more the dashboards read, checked in node_exporter's e2e fixture.
 EXTERNAL = {name for group in yaml.safe_load((ROOT / "rules" / "external-metrics.yaml").read_text()).values()
@@ -94,7 +100,8 @@ def node_links(board: dict[str, Any], spec: dict[str, Any]) -> dict[str, list[di
     label, found = spec["labels"]["node"], {}
     for panel in panels(board):
         links = panel["fieldConfig"]["defaults"].get("links", [])
-        exprs = [dashboards.expand(t["expr"], one_value_each(board), "1m") for t in panel["targets"]]
+        exprs = [dashboards.expand(t["expr"], one_value_each(board), "1m", range_=GRAFANA_RANGE)
+                 for t in panel["targets"]]
         if any(carries(promql_parser.parse(expr), label) for expr in exprs):
             found[panel["title"]] = links
         else:
@@ -160,10 +167,12 @@ def test_every_query_parses_and_ranges_are_rate_interval_or_spec_windows(uid: st
     windows = {"$__rate_interval", *(gpunode_rulepack.duration(remap[k]) for k in
                                      ("acceleration_short_window", "acceleration_long_window"))}
     for query in dashboards.panel_queries(board):
-        expr = dashboards.expand(query.expr, one_value_each(board), "1m", dashboard=board)
-        assert "$" not in expr, expr
+        expr = dashboards.expand(query.expr, one_value_each(board), "1m", range_=GRAFANA_RANGE, dashboard=board)
+        assert not re.search(r"\$(?!\d)", expr), expr  # every variable expanded ($1: label_replace's group)
         promql_parser.parse(expr)
         assert set(RANGE.findall(query.expr)) <= windows, (query.panel_title, query.expr)
+        # events counted over the interval, or (tables) over the dashboard's time range
+        assert set(OFFSET.findall(query.expr)) <= windows | {"$__range"}, (query.panel_title, query.expr)
 
 
 def test_every_metric_and_label_exists() -> None:
@@ -179,7 +188,7 @@ def test_every_metric_and_label_exists() -> None:
     target_labels = {"job", SPEC["labels"]["node"], *SPEC["labels"]["peer_group"]}
     for board in BOARDS.values():
         for query in dashboards.panel_queries(board):
-            for sel in selectors(dashboards.expand(query.expr, one_value_each(board), "1m")):
+            for sel in selectors(dashboards.expand(query.expr, one_value_each(board), "1m", range_=GRAFANA_RANGE)):
                 assert sel.name in specs or sel.name in recorded or sel.name in EXTERNAL | {"ALERTS"}, \
                     (query.panel_title, sel.name)
                 if sel.name in specs:
@@ -192,9 +201,11 @@ def test_cluster_panels_of_nodes_link_each_node_to_the_node_dashboard() -> None:
     renaming either without the link fails here; it keeps the time range and the data source."""
     label = SPEC["labels"]["node"]
     linked = node_links(BOARDS["gpunode-cluster"], SPEC)
-    assert {"Firing alerts of the rule pack", "GPUs missing or lost", "Checkpoint phase per node"} <= set(linked)
+    assert {"Firing alerts of the rule pack", "GPUs missing or lost", "Checkpoint phase per node",
+            "Nodes with the most kernel events"} <= set(linked)
     unlinked = {p["title"] for p in panels(BOARDS["gpunode-cluster"])} - set(linked)
-    assert {"Xids by NVIDIA's action", "NFS time per request: slot wait against network + server"} <= unlinked
+    assert {"Xids by NVIDIA's action", "NFS time per request: slot wait against network + server",
+            "Kernel events by family", "NFS servers not responding"} <= unlinked
     for title, links in linked.items():
         assert len(links) == 1, title
         url = urlsplit(links[0]["url"])
@@ -240,6 +251,76 @@ def test_sources_follow_recording_rules_to_the_exporters() -> None:
     assert query("gpunode-cluster", "GPUs with a row remap pending").instant
 
 
+def test_every_kernel_kind_is_in_one_family_or_a_recovery() -> None:
+    """A kind the exporter gains must be given a family, or the cluster dashboard leaves it out."""
+    grouped = [kind for kinds in FAMILIES.values() for kind in kinds] + list(RECOVERIES)
+    assert sorted(grouped) == sorted(KINDS)
+
+
+def _series(metric: str, node: str, values: str, **labels: str) -> dict[str, str]:
+    pairs = ", ".join(f'{k}="{v}"' for k, v in {"job": "gpunode", "instance": node, **labels}.items())
+    return {"series": f"{metric}{{{pairs}}}", "values": values}
+
+
+def test_beyond_the_gpu_panels_count_events_in_prometheus(tmp_path: Path) -> None:
+    """The kernel-event panels' queries, as Grafana sends them (a 5m rate interval, a 1h range), on
+    Prometheus' own engine (promtool): a series born inside the window counts whole, a recovery
+    counts in no family, families and nodes add up, and each silent NFS server is counted with the
+    nodes that mount it."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (scripts/install-deps.sh --test installs it)")
+    kernel, sxid = "gpunode_kernel_events_total", "gpunode_sxid_errors_total"
+    series = [  # one sample a minute, minute 0 to 60
+        _series(kernel, "n1", "_x30 1x26 2x3", kind="hung_task", device=""),  # born at 30m, again at 58m
+        _series(kernel, "n1", "3x39 5x20", kind="oom_kill", device=""),     # 2 more at 40m
+        _series(kernel, "n1", "1x60", kind="nic_link_up", device="eth0"),    # a recovery
+        _series(kernel, "n2", "_x10 1x50", kind="fs_readonly", device="sdb1"),
+        _series(sxid, "n2", "_x50 1x10", switch="0", pci_bus_id="0000:05:00.0", sxid="20034", severity="fatal"),
+        *(_series("gpunode_nfs_server_responding", node, f"{v}x60", server="fs1")
+          for node, v in (("n1", 0), ("n2", 0), ("n3", 1))),
+        _series("gpunode_nfs_server_responding", "n1", "1x60", server="fs2"),
+        *(_series("gpunode_nfs_mount_info", node, "1x60", mountpoint="/data", export="fs1:/data", protocol="tcp",
+                  server_address="10.0.0.9", device="eth0") for node in ("n1", "n2", "n3", "n4")),
+        _series("gpunode_nfs_mount_info", "n1", "1x60", mountpoint="/home", export="fs2:/home", protocol="tcp",
+                server_address="10.0.0.8", device="eth0"),
+    ]
+
+    def expr(uid: str, title: str, ref: str = "A", node: str = "n.*") -> str:
+        return dashboards.expand(query(uid, title, ref).expr, {"job": "gpunode", "node": node}, "5m",
+                                 range_=GRAFANA_RANGE)
+
+    def samples(**values: float) -> list[dict[str, Any]]:
+        return [{"labels": "{" + ", ".join(f'{k}="{v}"' for k, v in (pair.split("=") for pair in key.split(";")))
+                 + "}", "value": value} for key, value in values.items()]
+
+    cluster, node = "gpunode-cluster", "gpunode-node"
+    tests = [
+        # at 52m: the SXid born at 50m counts whole; the hung task of 30m is past the 5m window
+        (expr(cluster, "Kernel events by family"), "52m",
+         samples(**{"family=host hangs": 0, "family=OOM kills": 0, "family=disks and filesystems": 0,
+                    "family=NVSwitch": 1})),
+        (expr(cluster, "Kernel events by family"), "60m",
+         samples(**{"family=host hangs": 1, "family=OOM kills": 0, "family=disks and filesystems": 0,
+                    "family=NVSwitch": 0})),
+        # over the hour: n1 2 hung tasks (born inside it) + 2 OOM kills, its link's recovery not counted
+        (expr(cluster, "Nodes with the most kernel events"), "60m", samples(**{"instance=n1": 4, "instance=n2": 2})),
+        (expr(cluster, "NFS servers not responding"), "60m", samples(**{"server=fs1": 2})),
+        (expr(cluster, "NFS servers not responding", "B"), "60m", samples(**{"server=fs1": 4})),
+        (expr(node, "Kernel events by kind", node="n1"), "60m",
+         samples(**{"kind=hung_task": 1, "kind=oom_kill": 0, "kind=nic_link_up": 0})),
+        (expr(node, "NVSwitch SXids by switch, code and severity", node="n2"), "52m",
+         samples(**{"switch=0;sxid=20034;severity=fatal": 1})),
+    ]
+    checks = [{"expr": e, "eval_time": t, "exp_samples": want} for e, t, want in tests]
+    unit = {"rule_files": [], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": checks}]}
+    path = tmp_path / "panels.test.yml"
+    path.write_text(yaml.safe_dump(unit, sort_keys=False))
+    out = subprocess.run([promtool, "test", "rules", path.name], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_sources_follow_the_spec(tmp_path: Path) -> None:
     """A signal left out of the spec leaves out its exporter."""
     override = tmp_path / "mine.yaml"
@@ -269,7 +350,7 @@ def test_a_spec_override_reaches_every_query(tmp_path: Path) -> None:
                 assert 'job="remediation"' in query.expr or "ALERTS" in query.expr, query.expr
                 continue
             assert 'host=~"$node' in query.expr, query.expr
-            for sel in selectors(dashboards.expand(query.expr, one_value_each(board), "1m")):
+            for sel in selectors(dashboards.expand(query.expr, one_value_each(board), "1m", range_=GRAFANA_RANGE)):
                 if sel.name.startswith("gpunode_"):
                     assert {(m.name, m.value) for m in sel.matchers.matchers} >= {
                         ("job", "gpu"), ("job", "job-1"), ("session", "session-1"), ("host", "node-1")}, sel

@@ -46,6 +46,9 @@ WORKLOADS = "nodes running a job (gpunode_node_workload_info, docs/workloads.md)
 RESTARTS = "a job restart: a node starting a new workload within goodput.restart_within of another"
 MEASURED_MTBF = "goodput.min_failures job restarts within goodput.mtbf_window"
 JOB_RECOVERY = "gpunode-remediate's job recovery (policy jobs.enabled)"
+KERNEL_EVENTS = "a kernel event past Xid logged (docs/kernel-events.md)"
+SXIDS = "an NVSwitch SXid logged (a node with NVSwitches)"
+NFS_SILENT = "an NFS server the kernel reported not responding"
 DCGM = EXPORTERS["dcgm"]
 REMEDIATE = EXPORTERS["remediate"]
 _ORDER = ("gpunode", "node", "dcgm", "remediate")  # Prometheus' own `up` is always there: never named as a need
@@ -180,12 +183,26 @@ def heatmap_panel() -> heatmap.Panel:
 
 # The values of gpunode:checkpoint_phase:node (checkpoint.rules.yml).
 PHASES = {"0": ("training", "green"), "1": ("saving", "blue"), "2": ("loading", "orange")}
+# gpunode_nfs_server_responding's values.
+RESPONDING = {"0": ("not responding", "red"), "1": ("responding", "green")}
+
+
+def named_values(panel: Builder[Any], names: dict[str, tuple[str, str]]) -> Builder[Any]:
+    """A panel whose values (value -> (name, colour)) show as their names."""
+    return panel.mappings([model.ValueMap({value: model.ValueMappingResult(text=text, color=color, index=i)
+                                           for i, (value, (text, color)) in enumerate(names.items())})])
 
 
 def phases(panel: Builder[Any]) -> Builder[Any]:
     """A panel of the phase recording, its values shown as their names."""
-    return panel.mappings([model.ValueMap({value: model.ValueMappingResult(text=text, color=color, index=i)
-                                           for i, (value, (text, color)) in enumerate(PHASES.items())})])
+    return named_values(panel, PHASES)
+
+
+def events(counter: str, window: str) -> str:
+    """Events a counter counted over `window`, a series born inside it counting whole: increase()
+    misses a new series' first events, and a kernel event is most often the first of its series.
+    A counter that dropped (its state file lost) counts 0 there."""
+    return f"(clamp_min({counter} - {counter} offset {window}, 0) or ({counter} unless {counter} offset {window}))"
 
 
 def to_node(panel: Builder[Any], node_label: str, node_uid: str) -> Builder[Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from grafana_foundation_sdk.builders import dashboard as gd
@@ -9,6 +10,7 @@ from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models.common import BigValueTextMode
 
+from gpunode_common.kernel_families import FAMILIES, RECOVERIES, SXID_FAMILY
 from gpunode_rulepack import duration
 from gpunode_rulepack.dashboards.board import (
     DCGM,
@@ -16,14 +18,18 @@ from gpunode_rulepack.dashboards.board import (
     FAILSLOW_PEERS,
     JOB_PAST,
     JOB_RECOVERY,
+    KERNEL_EVENTS,
     MEASURED_MTBF,
+    NFS_SILENT,
     PEERS,
     REMEDIATION_ALERTS,
     RESTARTS,
     SAVES,
+    SXIDS,
     WORKLOADS,
     Board,
     Query,
+    events,
     heatmap_panel,
     phases,
     stat_panel,
@@ -147,6 +153,8 @@ def build(b: Board) -> None:
             [Query(f"topk({TOP}, max by ({node}) ({b.rec('gpunode:nfs_transport_slot_saturation:')}))", by_node)],
             width=6)
 
+    beyond_the_gpu(b, linked)
+
     b.row("Goodput")
     g = spec["goodput"]
     # The records are per job or fleet-wide: the node variable picks the jobs its nodes run.
@@ -206,6 +214,48 @@ def build(b: Board) -> None:
              Query(median("gpunode:checkpoint_cost_ratio:young_daly"), f"at the optimum {group}")], needs=(SAVES,))
 
     remediation(b)
+
+
+def by_family(b: Board, window: str) -> str:
+    """Kernel events and SXids over `window`, each series labelled with its family
+    (gpunode_common.kernel_families); the recoveries are left out."""
+    parts = []
+    for family, kinds in FAMILIES.items():
+        counted = events(b.q("gpunode_kernel_events_total", f'kind=~"{"|".join(kinds)}"'), window)
+        parts.append(f'label_replace({counted}, "family", "{family}", "kind", ".*")')
+    counted = events(b.q("gpunode_sxid_errors_total"), window)
+    parts.append(f'label_replace({counted}, "family", "{SXID_FAMILY}", "sxid", ".*")')
+    return " or ".join(parts)
+
+
+def beyond_the_gpu(b: Board, linked: Callable[[Builder[Any]], Builder[Any]]) -> None:
+    """The kernel log past Xid across the fleet, in the families the failure taxonomies count (docs/coverage.md)."""
+    node = b.node
+    b.row("Beyond the GPU")
+    families = ", ".join([SXID_FAMILY, *FAMILIES])
+    b.panel(time_series(), "Kernel events by family",
+            "Kernel log events past Xid and NVSwitch SXids on the selected nodes in each interval, by family "
+            f"({families}; docs/coverage.md says which kinds each holds and which alert watches it). Recoveries "
+            f"({', '.join(RECOVERIES)}) are left out. OOM kills and segfaults are most often the job's own. A series "
+            "born in the interval counts whole.", "short",
+            [Query(f"sum by (family) ({by_family(b, '$__rate_interval')})", "{{family}}")],
+            needs=(f"{KERNEL_EVENTS} or {SXIDS}",))
+    b.panel(linked(table_panel()), "Nodes with the most kernel events",
+            f"The {TOP} nodes that logged the most kernel events past Xid and SXids over the dashboard's time range "
+            "(recoveries left out): open a node for its kinds and devices.", "short",
+            [Query(f"topk({TOP}, sum by ({node}) ({by_family(b, '$__range')}))")],
+            width=6, instant=True, needs=(f"{KERNEL_EVENTS} or {SXIDS}",))
+    silent = f"{b.q('gpunode_nfs_server_responding')} == 0"
+    # The server the kernel names is the host part of the mount's export (host:/path).
+    mounting = f'label_replace({b.q("gpunode_nfs_mount_info")}, "server", "$1", "export", "(.+?):/.*")'
+    b.panel(table_panel(), "NFS servers not responding",
+            "Each NFS server the kernel of a selected node reports not responding now: how many nodes report it "
+            "(A) and how many of the selected nodes mount it (B). Many of its clients at once is the server's (or "
+            "its network's) fault, not theirs: NfsServerNotResponding fires then, and job recovery blames no "
+            "node for the jobs it stops.", "short",
+            [Query(f"count by (server) ({silent})"),
+             Query(f"count by (server) ({mounting}) and on (server) count by (server) ({silent})")],
+            width=6, instant=True, needs=(NFS_SILENT,))
 
 
 def remediation(b: Board) -> None:

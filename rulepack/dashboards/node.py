@@ -7,11 +7,17 @@ from typing import Any
 
 from gpunode_rulepack import duration
 from gpunode_rulepack.dashboards.board import (
+    KERNEL_EVENTS,
     NFS_MOUNT,
+    NFS_SILENT,
     PFC,
+    RESPONDING,
     SAVES,
+    SXIDS,
     Board,
     Query,
+    events,
+    named_values,
     phases,
     state_timeline,
     table_panel,
@@ -74,6 +80,8 @@ def build(b: Board) -> None:
             "it was last logged.", "short",
             [Query(b.q("gpunode_xid_errors_total")),
              Query(f"{b.q('gpunode_xid_last_event_timestamp_seconds')} * 1000", unit="dateTimeAsIso")], instant=True)
+
+    kernel_events(b)
 
     b.row("Checkpoint data path, in the order a save flows (Lablup B200 operations report)")
     b.panel(time_series(), "1. GPU utilization",
@@ -166,7 +174,37 @@ def build(b: Board) -> None:
              Query(b.rec("gpunode:checkpoint_cost_ratio:young_daly"), "at the optimum")], width=8, needs=(SAVES,))
 
 
+def kernel_events(b: Board) -> None:
+    """The kernel log past Xid (docs/kernel-events.md): what broke on the host around the GPUs."""
+    b.row("Kernel events")
+    kernel = b.q("gpunode_kernel_events_total")
+    b.panel(time_series(), "Kernel events by kind",
+            "Kernel log events past Xid in each interval, by kind (docs/kernel-events.md lists the lines of each): "
+            "hung tasks, lockups, memory, disk, NFS, PCIe AER, NIC and GPU driver faults, OOM kills, segfaults. "
+            "nfs_ok and nic_link_up are recoveries. A series born in the interval counts whole.", "short",
+            [Query(f"sum by (kind) ({events(kernel, '$__rate_interval')})", "{{kind}}")], needs=(KERNEL_EVENTS,))
+    b.panel(table_panel(), "Kernel events: count and last time, by kind and device",
+            "Every kind and device (block device, NVMe controller, PCI address, interface, NFS server, memory "
+            "controller; empty where the line names none) counted on this node, and when it was last logged. "
+            "The counts survive exporter restarts and reboots (the exporter's state file).", "short",
+            [Query(kernel),
+             Query(f"{b.q('gpunode_kernel_event_last_timestamp_seconds')} * 1000", unit="dateTimeAsIso")],
+            instant=True, needs=(KERNEL_EVENTS,))
+    b.panel(time_series(), "NVSwitch SXids by switch, code and severity",
+            "NVSwitch errors (SXids) in each interval per switch and code, with their severity: fatal as the line "
+            "says or NVIDIA's SXid tables give (docs/sxid-catalog.md), nonfatal, or unknown. A fatal SXid "
+            "takes the NVLink fabric down for every GPU of the node. A series born in the interval counts whole.",
+            "short",
+            [Query(f"sum by (switch, sxid, severity) ({events(b.q('gpunode_sxid_errors_total'), '$__rate_interval')})",
+                   "switch {{switch}} SXid {{sxid}} {{severity}}")], needs=(SXIDS,))
+    b.panel(named_values(state_timeline(), RESPONDING), "NFS servers: responding or not",
+            "Per NFS server this node's kernel named: not responding from its `nfs: server S not responding` line "
+            "until its `nfs: server S OK` line. Tasks blocked on a server that stopped answering are that "
+            "server's fault, not this node's; the cluster dashboard counts the nodes reporting each server.",
+            "short", [Query(b.q("gpunode_nfs_server_responding"), "{{server}}")], needs=(NFS_SILENT,))
+
+
 def describe(_spec: dict[str, Any]) -> tuple[str, str, str]:
     return (UID, "GPU nodes: node",
-            "One GPU node: alerts, GPU memory health, Xids, the checkpoint data path, NFS, the storage network "
-            "and checkpoints.")
+            "One GPU node: alerts, GPU memory health, Xids, kernel events past Xid, the checkpoint data path, NFS, "
+            "the storage network and checkpoints.")
