@@ -142,6 +142,7 @@ class Engine:
         self.alertmanager_up = 1
         self.alertmanager_alerts["refused"] += refused
         held = {alert.fingerprint: alert for alerts in self.state.firing().values() for alert in alerts}
+        held |= {alert.fingerprint: alert for alert in self.state.firing_unplaced()}  # job recovery's storage waits
         unseen = [item.alert for item in listed if item.state == "active" and config.receiver in item.receivers
                   and item.alert.fingerprint not in held]
         if taken := self.state.record_alerts([(a, self.policy.node(a.labels)) for a in unseen], now):
@@ -155,8 +156,9 @@ class Engine:
         if stale and self.state.record_alerts([(a, self.policy.node(a.labels)) for a in stale], now):
             self.alertmanager_alerts["stale"] += len(stale)
             for alert in stale:
+                where = self.policy.node(alert.labels) or f"server {alert.labels.get('server', '(none)')}"
                 self.log.warning("%s: %s no longer listed by Alertmanager for %s: taken as resolved",
-                                 self.policy.node(alert.labels), alert.name, span(config.stale_after))
+                                 where, alert.name, span(config.stale_after))
                 del self._missing[alert.fingerprint]
 
     def reconcile(self) -> list[Step]:
