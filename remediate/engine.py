@@ -35,7 +35,8 @@ class Engine:
     def __init__(self, policy: Policy, state: State, scheduler: Scheduler,
                  clock: Callable[[], float] = time.time,
                  healthy: Callable[[str, Policy], str | None] = health.check,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 mounted: Callable[[str, Policy], frozenset[str] | None] = health.mounted) -> None:
         self.policy = policy
         self.state = state
         self.scheduler = scheduler
@@ -70,7 +71,8 @@ class Engine:
                         "budget and breaker start clean", dropped)
         for action in state.interrupted(clock()):
             self._interrupted(action.node, action.kind)
-        self.recovery = Recovery(policy, state, scheduler, self.log, clock, sleep) if policy.jobs.enabled else None
+        self.recovery = (Recovery(policy, state, scheduler, self.log, clock, sleep, mounted) if policy.jobs.enabled
+                         else None)
 
     def _interrupted(self, node: str, kind: str) -> None:
         """A call cut short by a restart. The scheduler shows whether a drain, reboot or resume took
