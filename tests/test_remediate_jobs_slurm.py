@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,18 +17,17 @@ import requests
 
 from demo.slurm import NODE_VAR
 from gpunode_remediate.scheduler.slurm import expand_hostlist
-from tests.helpers import free_port, wait_for_port
 from tests.remediation import alert_json, notification, rfc3339
 from tests.slurm import SlurmCluster, _tool, flags, slurm_cluster
 
 # Fixtures: each test starts on an idle cluster (clean), with an exporter for the health check.
 from tests.test_remediate_slurm import (  # noqa: F401
-    HEALTHY,
     ROOT,
     Alertmanager,
     Service,
     clean,
     exporter,
+    healthy_exporter,
     reasons,
     wait,
 )
@@ -298,20 +295,9 @@ def test_a_node_blamed_by_two_jobs_is_taken_out_as_a_lemon(
 def nfs_exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real exporter on a healthy 8-GPU node whose NFS mounts are the edge fixture's (stor-a.example,
     oldnas, 10.20.0.6): job recovery asks it which servers a node mounts."""
-    tmp = tmp_path_factory.mktemp("nfs-exporter")
-    (tmp / "config.yml").write_text("gpu: {expected_count: 8}\n")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gpunode_exporter", "--web.listen-address", f"127.0.0.1:{port}",
-                             "--nvml.simulate", str(HEALTHY), "--config.file", str(tmp / "config.yml"),
-                             "--path.state", str(tmp), "--path.procfs", str(ROOT / "tests/fixtures/procfs/edge"),
-                             "--collector.disable-defaults", "--collector.gpu", "--collector.nfs"],
-                            cwd=ROOT, stderr=subprocess.DEVNULL)
-    try:
-        wait_for_port(port, lambda: proc.poll() is None)
-        yield f"http://127.0.0.1:{port}/metrics?node={{node}}"
-    finally:
-        proc.kill()
-        proc.wait()
+    with healthy_exporter(tmp_path_factory.mktemp("nfs-exporter"), "--collector.nfs",
+                          "--path.procfs", str(ROOT / "tests/fixtures/procfs/edge")) as url:
+        yield url
 
 
 def send(svc: Service, *alerts: dict[str, Any]) -> None:

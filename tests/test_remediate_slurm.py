@@ -5,6 +5,7 @@ what `scontrol` and `sinfo -R` show."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -48,15 +49,15 @@ def clean(cluster: SlurmCluster) -> Iterator[None]:
         time.sleep(1)
 
 
-@pytest.fixture(scope="module")
-def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real exporter on a simulated healthy 8-GPU node, expecting 8: the health check asks it."""
-    tmp = tmp_path_factory.mktemp("exporter")
+@contextlib.contextmanager
+def healthy_exporter(tmp: Path, *flags: str) -> Iterator[str]:
+    """A real exporter on a simulated healthy 8-GPU node, expecting 8, with the gpu collector and
+    `flags`: the health-check URL template that asks it."""
     (tmp / "config.yml").write_text("gpu: {expected_count: 8}\n")
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "gpunode_exporter", "--web.listen-address", f"127.0.0.1:{port}",
                              "--nvml.simulate", str(HEALTHY), "--config.file", str(tmp / "config.yml"),
-                             "--path.state", str(tmp), "--collector.disable-defaults", "--collector.gpu"],
+                             "--path.state", str(tmp), "--collector.disable-defaults", "--collector.gpu", *flags],
                             cwd=ROOT, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port, lambda: proc.poll() is None)
@@ -64,6 +65,13 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture(scope="module")
+def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real exporter on a simulated healthy 8-GPU node, expecting 8: the health check asks it."""
+    with healthy_exporter(tmp_path_factory.mktemp("exporter")) as url:
+        yield url
 
 
 class Service:
