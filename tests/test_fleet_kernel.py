@@ -1,0 +1,114 @@
+"""The kernel log past Xid on a simulated fleet (fleet/kernel.py, fleet/scenarios/kernel-selftest.yaml):
+the series as the exporter serves them, a storage server every node loses, and on a real backend each
+family found by its alert while the outage blames no node."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fleet import harness, kernel, scenario, score
+from fleet.harness import Firing
+from fleet.simulate import Fleet, Truth, node_name
+from gpunode_exporter.collector import xid as collector
+from gpunode_exporter.xid import kernel as exporter_kernel
+from tests.helpers import free_port
+
+pytestmark = pytest.mark.xdist_group("replay")  # a rule replay runs one vmalert per CPU
+
+SELFTEST = scenario.load("kernel-selftest")
+OUTAGE = next(f for f in SELFTEST.faults if f.kind == "nfs_server_down")
+NODE_FAMILIES = {f.kind for f in SELFTEST.faults} - {"nfs_server_down"}
+METRICS = {spec.name: spec.labels for spec in (collector.KERNEL_EVENTS, collector.KERNEL_LAST, collector.SXID_ERRORS,
+                                               collector.SXID_LAST, collector.NFS_RESPONDING)}
+
+
+def _fleet() -> Fleet:
+    return Fleet(SELFTEST, (time.time() // 3600) * 3600 - SELFTEST.duration - 3600)
+
+
+def test_the_kernel_series_are_the_exporters() -> None:
+    fleet = _fleet()
+    series = [s for s in fleet.series() if s.name in METRICS or s.name == "gpunode_nfs_mount_info"]
+    devices = [re.compile(p.pattern) for p in exporter_kernel._DEVICE.values()]
+    for s in series:
+        labels = dict(s.labels)
+        if s.name in METRICS:  # the exporter's label names, values it can serve
+            assert set(labels) - {"instance", "job"} == set(METRICS[s.name]), s
+            assert labels.get("kind", "hung_task") in exporter_kernel.KINDS
+            assert labels.get("severity", "fatal") in exporter_kernel.SEVERITIES
+            device = labels.get("device", "")
+            assert not device or any(p.fullmatch(device) for p in devices), device
+            shown = s.values[~np.isnan(s.values)]
+            assert shown.size  # a series from its first event on
+            if s.name.endswith("_total"):
+                assert shown[0] >= 1 and (np.diff(shown) >= 0).all()
+    # The kernel names the server by the host part of the mount's export.
+    mounts = {dict(s.labels)["export"] for s in series if s.name == "gpunode_nfs_mount_info"}
+    assert {m.partition(":")[0] for m in mounts} == {kernel.NFS_SERVER}
+    t = fleet.t
+    down = (t >= OUTAGE.at + 180) & (t < OUTAGE.at + OUTAGE.duration("lasts", 0))
+    for n in range(SELFTEST.nodes):
+        mine = {(s.name, dict(s.labels).get("kind", "")): s.values for s in series
+                if dict(s.labels)["instance"] == node_name(n)}
+        # Every client: not responding from its major timeout to its OK, 1 after; hung tasks meanwhile.
+        responding = mine[("gpunode_nfs_server_responding", "")]
+        assert np.isnan(responding[t < OUTAGE.at]).all() and (responding[down] == 0).all()
+        assert responding[-1] == 1
+        hung = mine[("gpunode_kernel_events_total", "hung_task")]
+        assert np.nanmax(hung[down]) > np.nanmax(np.nan_to_num(hung[t < OUTAGE.at], nan=0))
+
+
+def test_the_outage_ends_the_jobs_and_they_return_after_the_server() -> None:
+    fleet = _fleet()
+    back = OUTAGE.at + OUTAGE.duration("lasts", 0)
+    ended = [a for a in fleet.attempts if a.start < OUTAGE.at < a.end]
+    assert ended and all(a.end == OUTAGE.at + 600 for a in ended if a.job.kind == "training")  # the watchdog
+    after = [a for a in fleet.attempts if a.start > OUTAGE.at]
+    assert after and all(a.start >= back for a in after)
+    # A fault that kills the job ends its attempt; the node sits out the later ones.
+    lockup = next(f for f in SELFTEST.faults if f.kind == "cpu_lockup")
+    assert any(a.end == lockup.at and lockup.node in a.nodes for a in fleet.attempts)
+    assert all(lockup.node not in a.nodes for a in fleet.attempts if a.start > lockup.at)
+
+
+def test_a_servers_alert_detects_its_outage_and_its_clients_alerts_are_false() -> None:
+    outage = Truth("nfs_server_down", "", 1000.0, 1000.0, 9000.0, server="nas")
+    warn = {"severity": "warning"}
+    firing = [Firing("NfsServerNotResponding", {"server": "nas", "severity": "critical"}, 1240.0, 3000.0),
+              Firing("NfsServerNotRespondingOnNode", {"instance": "gpu001", "server": "nas", **warn}, 1200.0, 3000.0),
+              Firing("GpuNodeHungTasks", {"instance": "gpu001", "severity": "critical"}, 1300.0, 2000.0),
+              Firing("NfsServerNotResponding", {"server": "home", "severity": "critical"}, 1240.0, 3000.0)]
+    s = score.score(firing, [outage], ["gpu001", "gpu002"], 86400.0)
+    assert (s.recall, s.classes[0].leads) == (1.0, (240.0,))
+    assert sorted(f.alertname for f in s.false_alerts) == ["GpuNodeHungTasks", "NfsServerNotResponding"]
+    assert (s.classes[0].alerts, s.classes[0].false_alerts) == (3, 1)  # the per-node warning: a consequence
+
+
+@pytest.mark.parametrize("backend", ["victoriametrics"])
+def test_every_family_is_found_and_the_outage_blames_no_node(backend: str, tmp_path: Path) -> None:
+    if tools := harness.missing_tools():
+        pytest.skip(f"not installed: {', '.join(tools)} (scripts/install-deps.sh --test installs them)")
+    fleet = _fleet()
+    run = harness.run(backend, fleet, tmp_path, free_port())
+    truth = fleet.truth()
+    s = score.score(run.firing, truth, [node_name(n) for n in range(SELFTEST.nodes)], SELFTEST.duration)
+    missed = {c.kind for c in s.classes if c.detected < c.faults}
+    assert {c.kind for c in s.classes} == NODE_FAMILIES | {"nfs_server_down"} and not missed, missed
+    assert [(f.alertname, f.labels.get("instance")) for f in s.false_alerts] == []
+    gone = fleet.start + OUTAGE.at
+    back = gone + OUTAGE.duration("lasts", 0)
+    server = [f for f in run.firing if f.alertname == "NfsServerNotResponding"]
+    assert [f.labels["server"] for f in server] == ["nas"] and gone < server[0].start < back
+    # No node alert during the outage but of the faults' own nodes (none is in its window) and the
+    # per-node warning Alertmanager inhibits beneath the server's.
+    during = [f for f in run.firing if "instance" in f.labels and f.start <= back + 900 and f.end >= gone
+              and f.labels.get("severity") != "info" and f.alertname != "NfsServerNotRespondingOnNode"]
+    assert during == []
+    # The job's own OOM kills: the info alert, which blames no node.
+    oom = next(d for d in SELFTEST.distractors if d.kind == "oom_kills")
+    assert any(f.alertname == "GpuNodeOomKills" and f.labels["instance"] == node_name(oom.node) for f in run.firing)
