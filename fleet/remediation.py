@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from fleet.harness import Firing
+from fleet.jobs import NODE_KILLS
 from fleet.simulate import Truth
 from gpunode_remediate.alerts import Alert, Notification
 from gpunode_remediate.engine import Engine
@@ -46,12 +47,16 @@ ALERTMANAGER = Path(__file__).resolve().parent.parent / "alertmanager" / "alertm
 SIMULATED_RESET = ("gpu-reset", "{node}", "{gpu}")
 POLICY = Policy(mode="enforce", reset_command=SIMULATED_RESET)  # every other key at its default
 
-# Faults whose node the service should take out of service: a lost GPU, memory that fails, a straggler.
+# Faults whose node the service should take out of service: a lost GPU, memory that fails, a straggler, and
+# every family of the node past its GPUs (fleet/kernel.py). A storage server's outage is no node's.
 NODE_ACTION = ("xid79_collapse", "uncorrectable_steps", "correctable_acceleration", "throttle", "nvlink_degraded",
-               "fabric_link", "pcie_downgrade", "host_starved")
-# Damage the simulator never repairs: the GPU stays lost, the remapped rows stay. Such a node counts as
-# faulty from its fault's window on to the end of the run.
-LASTING = ("xid79_collapse", "correctable_acceleration", "uncorrectable_steps")
+               "fabric_link", "pcie_downgrade", "host_starved", "nvswitch_fatal", "hung_tasks", "cpu_lockup",
+               "fs_readonly", "disk_errors", "memory_uncorrectable", "memory_ce_storm", "pcie_uncorrectable",
+               "nic_fault", "gpu_driver_fault")
+# Damage the simulator never repairs: the GPU stays lost, the remapped rows stay, a node fault that keeps
+# the node out of later attempts (fleet/jobs.py NODE_KILLS) stays. Such a node counts as faulty from its
+# fault's window on to the end of the run.
+LASTING = ("xid79_collapse", "correctable_acceleration", "uncorrectable_steps", *NODE_KILLS)
 TAKES = ("drain", "reboot", "hold")  # calls that take a node out of service
 
 
@@ -414,6 +419,26 @@ def score(result: Replay, truth: Sequence[Truth], firing: Sequence[Firing] = (),
     return Outcome(tuple(outcomes), tuple(takes), hours, result.out_hours(), result.breaker, result.summary())
 
 
+@dataclass(frozen=True)
+class Outage:
+    server: str
+    onset: float
+    end: float  # an hour after the server's return (its truth's window)
+    taken: tuple[str, ...]  # nodes the service newly took out meanwhile, none of them for a fault of its own
+
+
+def storage_outages(result: Replay, truth: Sequence[Truth]) -> list[Outage]:
+    """For each storage server's outage, the nodes the service took out during it (it should take none)
+    that had no fault of their own in the truth then."""
+    out = []
+    for t in (t for t in truth if t.server):
+        taken = sorted({node for node, events in result.timeline.items() for e in events
+                        if e.new_drain and e.kind in TAKES and t.start <= e.at <= t.end
+                        and not _inside(e.at, _windows(truth, node, result.end))})
+        out.append(Outage(t.server, t.onset, t.end, tuple(taken)))
+    return out
+
+
 # --- The report
 
 def _when(t: float, start: float) -> str:
@@ -495,6 +520,10 @@ def section(name: str, backend: str, firing: list[Firing], truth: Sequence[Truth
                f"(of {outcome.out_hours:.1f} out of service in all).",
              "- Circuit breaker: " + (f"opened at {_when(outcome.breaker[0], start)} ({outcome.breaker[1]})"
                                       if outcome.breaker else "stayed closed") + "."]
+    outages = storage_outages(result, truth)
+    lines += [f"- Storage server `{o.server}` gone at {_when(o.onset, start)}: nodes taken out from then to an hour "
+              f"after its return: **{len(o.taken)}**" + (f" ({', '.join(o.taken)})" if o.taken else "") + "."
+              for o in outages]
     stormed = storm_runs(firing, truth, nodes, start, end, policy, step) if storms else []
     if stormed:
         lines += ["", f"A false-alert storm: a bad rule makes 30 % of the nodes fire GpuNodeHostStarved at "
@@ -514,7 +543,7 @@ def section(name: str, backend: str, firing: list[Firing], truth: Sequence[Truth
             "healthy_takes": [list(t) for t in outcome.healthy_takes], "healthy_hours": outcome.healthy_hours,
             "breaker": list(outcome.breaker) if outcome.breaker else None,
             "timeline": {n: [asdict(e) for e in events] for n, events in result.timeline.items()},
-            "storms": [asdict(r) for r in stormed]}
+            "storms": [asdict(r) for r in stormed], "outages": [asdict(o) for o in outages]}
     return "\n".join(lines) + "\n", data
 
 
