@@ -16,6 +16,8 @@ from gpunode_common.config import ConfigError
 from gpunode_common.flags import Parser, listen_address
 from gpunode_common.http import make_server
 from gpunode_remediate import policy as policies
+from gpunode_remediate.jobs import backoff_delay
+from gpunode_remediate.plan import span
 from gpunode_remediate.state import Breaker, State
 
 PROG = "gpunode-remediate"
@@ -201,6 +203,11 @@ def status_text(policy: policies.Policy, state: State, now: float) -> str:
             lines.append(f"job {chain.job}  held{dry}  since {_when(chain.ended_at)}  {chain.attempts} abnormal "
                          f"ends; blamed: {blamed}; nodes its attempts shared: {shared}; next: a person releases "
                          f"it (scontrol release {chain.job}) or cancels it")
+        for wait, since in state.storage_waits(statuses):
+            lines.append(f"job {wait.job}  waiting for NFS server {wait.waits_for}{dry}  since {_when(since)}  "
+                         f"attempt {wait.attempts}; blamed: none ({wait.evidence}); next: released when "
+                         f"NfsServerNotResponding for {wait.waits_for} resolves, to start "
+                         f"{span(backoff_delay(policy.jobs, wait.attempts))} after")
     return "\n".join(lines) + "\n"
 
 

@@ -35,7 +35,8 @@ class Engine:
     def __init__(self, policy: Policy, state: State, scheduler: Scheduler,
                  clock: Callable[[], float] = time.time,
                  healthy: Callable[[str, Policy], str | None] = health.check,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 mounted: Callable[[str, Policy], frozenset[str] | None] = health.mounted) -> None:
         self.policy = policy
         self.state = state
         self.scheduler = scheduler
@@ -70,7 +71,8 @@ class Engine:
                         "budget and breaker start clean", dropped)
         for action in state.interrupted(clock()):
             self._interrupted(action.node, action.kind)
-        self.recovery = Recovery(policy, state, scheduler, self.log, clock, sleep) if policy.jobs.enabled else None
+        self.recovery = (Recovery(policy, state, scheduler, self.log, clock, sleep, mounted) if policy.jobs.enabled
+                         else None)
 
     def _interrupted(self, node: str, kind: str) -> None:
         """A call cut short by a restart. The scheduler shows whether a drain, reboot or resume took
@@ -142,6 +144,7 @@ class Engine:
         self.alertmanager_up = 1
         self.alertmanager_alerts["refused"] += refused
         held = {alert.fingerprint: alert for alerts in self.state.firing().values() for alert in alerts}
+        held |= {alert.fingerprint: alert for alert in self.state.firing_unplaced()}  # job recovery's storage waits
         unseen = [item.alert for item in listed if item.state == "active" and config.receiver in item.receivers
                   and item.alert.fingerprint not in held]
         if taken := self.state.record_alerts([(a, self.policy.node(a.labels)) for a in unseen], now):
@@ -155,8 +158,9 @@ class Engine:
         if stale and self.state.record_alerts([(a, self.policy.node(a.labels)) for a in stale], now):
             self.alertmanager_alerts["stale"] += len(stale)
             for alert in stale:
+                where = self.policy.node(alert.labels) or f"server {alert.labels.get('server', '(none)')}"
                 self.log.warning("%s: %s no longer listed by Alertmanager for %s: taken as resolved",
-                                 self.policy.node(alert.labels), alert.name, span(config.stale_after))
+                                 where, alert.name, span(config.stale_after))
                 del self._missing[alert.fingerprint]
 
     def reconcile(self) -> list[Step]:

@@ -7,7 +7,9 @@ actions imply:
   app_fault   an application Xid (RESTART_APP) on one of its nodes: requeued at once, any nodes
   node_fault  a node fault (the node side's rules act on it; or Slurm's NODE_FAIL): requeued at
               once without that node (ExcNodeList); `on_node_fault: stop` holds it instead
-  backoff     no culprit: requeued to start after the chain's next backoff delay
+  backoff     no culprit, or the job's own (an OOM kill on one of its nodes): requeued to start
+              after the chain's next backoff delay; while an NFS server its nodes mount does not
+              answer (NfsServerNotResponding), held in the queue until it does, the delay from then
   held        the chain's max_attempts-th end within its window: held for a person
 """
 
@@ -24,6 +26,8 @@ from gpunode_remediate.policy import Jobs, Policy
 BRANCHES = ("app_fault", "node_fault", "backoff", "held")
 ENDS = ("failed", "node_fail")  # Slurm's states of an abnormal end; cancelled, completed and timeout are not
 APP_FAULT_ALERT = "GpuXidApplicationFault"
+OWN_FAULT_ALERTS = ("GpuNodeOomKills",)  # the job's own fault: its memory, not the node's
+STORAGE_ALERT = "NfsServerNotResponding"  # {server}, no node label: the server, not a node
 NO_CULPRIT = "no alert on its nodes at its end"
 
 
@@ -89,6 +93,7 @@ class Decision:
     start_at: float  # the job's StartTime once requeued (<= now: at once)
     attempts: int  # abnormal ends of the chain in its window, this one included
     shared: tuple[str, ...]  # the nodes every one of those attempts ran on
+    waits_for: str = ""  # an NFS server: held in the queue until it answers, then the backoff
 
     @property
     def comment(self) -> str:
@@ -123,10 +128,12 @@ def selected(job: JobView, jobs: Jobs, name: Callable[[str], str | None]) -> boo
 
 
 def _fault(policy: Policy, alert: Alert) -> str | None:
-    """node, app or None: what an alert on a job's node says about the job's end."""
+    """node, own, app or None: what an alert on a job's node says about the job's end."""
     rule = policy.action(alert.labels)
     if rule is not None and rule.action != "none":
         return "node"
+    if alert.name in OWN_FAULT_ALERTS:
+        return "own"
     if alert.name == APP_FAULT_ALERT or alert.labels.get("action") == "RESTART_APP":
         return "app"
     return None
@@ -139,17 +146,19 @@ def _evidence(alert: Alert, node: str) -> str:
 
 def culprits(policy: Policy, job: JobView, alerts: Mapping[str, Sequence[Alert]],
              views: Mapping[str, NodeView]) -> tuple[str, tuple[str, ...], str]:
-    """(fault, nodes, evidence): fault is node, app or "" (no culprit). Slurm names the node of a
-    NODE_FAIL (down or not responding now); else the rule pack's alerts on the job's nodes at its end."""
+    """(fault, nodes, evidence): fault is node, own, app or "" (no culprit). Slurm names the node of a
+    NODE_FAIL (down or not responding now); else the rule pack's alerts on the job's nodes at its end.
+    A node fault comes first; then the job's own (an OOM kill: the GPU errors of a process killed
+    mid-kernel follow from it); then an application fault."""
     node_faults: dict[str, str] = {}
-    app = ""
+    found: dict[str, str] = {}
     for node in job.nodes:
         for alert in sorted(alerts.get(node, ()), key=lambda a: (a.starts_at, a.name)):
             kind = _fault(policy, alert)
             if kind == "node":
                 node_faults.setdefault(node, _evidence(alert, node))
-            elif kind == "app" and not app:
-                app = _evidence(alert, node)
+            elif kind is not None:
+                found.setdefault(kind, _evidence(alert, node))
     if not node_faults and job.state == "node_fail":
         for node in job.nodes:
             view = views.get(node)
@@ -158,9 +167,34 @@ def culprits(policy: Policy, job: JobView, alerts: Mapping[str, Sequence[Alert]]
                     f" ({view.reason})" if view.reason else "")
     if node_faults:
         return "node", tuple(sorted(node_faults)), "; ".join(node_faults[n] for n in sorted(node_faults))
-    if app:
-        return "app", (), app
+    for kind in ("own", "app"):
+        if kind in found:
+            return kind, (), found[kind]
     return "", (), ""
+
+
+def outage(job: JobView, outages: Iterable[Alert],
+           servers: Callable[[str], frozenset[str] | None]) -> tuple[str, str] | None:
+    """(server, evidence): the first NFS server not responding (NfsServerNotResponding{server}) that one
+    of the job's nodes mounts, or None. `servers(node)`: the NFS servers the node mounts, as its
+    exporter names them; None when it cannot be asked, which counts as mounting every one (a node
+    whose exporter hangs on a dead mount must not turn an outage into a blame)."""
+    for alert in sorted(outages, key=lambda a: (a.starts_at, a.labels.get("server", ""))):
+        server = alert.labels.get("server", "")
+        if alert.name != STORAGE_ALERT or not server:
+            continue
+        for node in job.nodes:
+            mounts = servers(node)
+            if mounts is None:
+                return server, f"{STORAGE_ALERT} server={server}; {node}'s exporter not asked or not answering"
+            if server.lower() in mounts:
+                return server, f"{STORAGE_ALERT} server={server}; mounted on {node}"
+    return None
+
+
+def backoff_delay(jobs: Jobs, attempts: int) -> float:
+    """The n-th attempt's backoff delay, the last one repeating."""
+    return jobs.backoff[min(attempts - 1, len(jobs.backoff) - 1)]
 
 
 def shared_nodes(ends: Iterable[End]) -> tuple[str, ...]:
@@ -219,14 +253,20 @@ def _job_order(job: str) -> tuple[int, str]:
 
 
 def decide(now: float, policy: Policy, job: JobView, alerts: Mapping[str, Sequence[Alert]],
-           views: Mapping[str, NodeView], chain: Sequence[End], lemon_nodes: Iterable[str]) -> Decision | None:
+           views: Mapping[str, NodeView], chain: Sequence[End], lemon_nodes: Iterable[str],
+           outages: Sequence[Alert] = (),
+           servers: Callable[[str], frozenset[str] | None] = lambda node: None) -> Decision | None:
     """The decision for one abnormal end not yet decided, or None to wait: with no culprit yet, an
     end waits jobs.culprit_wait for the rule pack's alerts (they fire a minute or two after the Xid
     that killed the job). `chain`: the job's earlier abnormal ends in jobs.window since a person last
-    released it."""
+    released it. `outages`: the node-less alerts at its end (NfsServerNotResponding{server}), and
+    `servers`, asked only for those, the NFS servers a node mounts (outage())."""
     jobs = policy.jobs
     fault, blamed, evidence = culprits(policy, job, alerts, views)
-    if not fault and now - job.end < jobs.culprit_wait:
+    # No node to blame and a server its nodes mount not answering: the server's fault. It comes before
+    # the job's own or an application fault: a requeue before the server answers fails the same way.
+    storage = outage(job, outages, servers) if fault != "node" and outages else None
+    if not fault and storage is None and now - job.end < jobs.culprit_wait:
         return None
     earlier = [e for e in chain if e.restarts < job.restarts]
     attempts = len(earlier) + 1
@@ -246,10 +286,20 @@ def decide(now: float, policy: Policy, job: JobView, alerts: Mapping[str, Sequen
         exclude = tuple(sorted(set(blamed) | out, key=_job_order))
         return Decision(branch="node_fault", why=f"node fault: requeued without {','.join(blamed)} ({evidence})",
                         exclude=exclude, start_at=now, **base)
+    delay = backoff_delay(jobs, attempts)
+    if storage is not None:
+        server, base["evidence"] = storage
+        # Held in the queue until the server answers: Slurm forgets an ended job after MinJobAge.
+        return Decision(branch="backoff", why=f"waiting for NFS server {server} to answer again, then requeued to "
+                        f"start {span(delay)} after", exclude=tuple(sorted(out, key=_job_order)),
+                        start_at=max(now, job.end + delay), waits_for=server, **base)
+    if fault == "own":
+        return Decision(branch="backoff", why=f"the job's own fault ({evidence}): requeued to start {span(delay)} "
+                        "after its end", exclude=tuple(sorted(out, key=_job_order)),
+                        start_at=max(now, job.end + delay), **base)
     if fault == "app":
         return Decision(branch="app_fault", why=f"application fault: requeued at once ({evidence})",
                         exclude=tuple(sorted(out, key=_job_order)), start_at=now, **base)
-    delay = jobs.backoff[min(len(earlier), len(jobs.backoff) - 1)]
     return Decision(branch="backoff", why=f"no culprit: requeued to start {span(delay)} after its end",
                     exclude=tuple(sorted(out, key=_job_order)), start_at=max(now, job.end + delay), **base)
 

@@ -72,6 +72,28 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     _rule("GpuPcieLinkDegraded", "drain", _STRAGGLER),
     _rule("GpuNodeHostStarved", "drain", _STRAGGLER),
     _rule("GpuXidApplicationFault", "none", "application Xid: the job retries, the node stays"),
+    # Beyond the GPU: the NVSwitch fabric, the host's kernel log, storage. What a reboot clears
+    # (a wedged fabric manager, hung tasks, a lockup, a GPU driver that lost its GSP) reboots;
+    # what is hardware (a port, a NIC, memory, PCIe, a disk) waits for a person.
+    _rule("GpuNvSwitchFatalError", "reboot", "fatal NVSwitch error: the fabric needs a node reboot"),
+    _rule("GpuFabricNotReady", "reboot", "the NVLink fabric is not ready: a reboot brings it up"),
+    _rule("GpuNodeFabricPortDown", "hold", "a fabric port is down: check the cable and transceiver"),
+    _rule("GpuNodeFabricPortFlapping", "hold", "a fabric port flaps: check the cable and transceiver"),
+    _rule("GpuNodeFabricPortDegraded", "hold", "a fabric port runs degraded: check the cable and transceiver"),
+    _rule("GpuNodeNicFault", "hold", "the NIC reports a hardware or firmware fault"),
+    _rule("GpuNodeMemoryUncorrectable", "hold", "uncorrectable host memory error: replace the DIMM"),
+    _rule("GpuNodeMemoryCorrectableRate", "hold", "corrected host memory errors at a rate: replace the DIMM"),
+    _rule("GpuNodePcieUncorrectable", "hold", "uncorrectable PCIe error: diagnose the device"),
+    _rule("GpuNodeFilesystemReadOnly", "hold", "a filesystem went read-only: check the disk"),
+    _rule("GpuNodeDiskErrors", "hold", "disk errors: check the disk"),
+    _rule("GpuNodeHungTasks", "reboot", "hung tasks: a reboot clears them"),
+    _rule("GpuNodeCpuLockup", "reboot", "a CPU locked up: reboot the node"),
+    # The rule pack silences it while a hardware Xid is recent on the node: that Xid's rule acts.
+    _rule("GpuNodeGpuDriverFault", "reboot", "the GPU driver failed: reboot the node"),
+    _rule("GpuNodeOomKills", "none", "the job's own memory: the node stays"),
+    _rule("NfsServerNotRespondingOnNode", "none", "the NFS server's fault, not the node's"),
+    # No node label: never a node's action; job recovery waits for the server (remediate/jobs.py).
+    _rule("NfsServerNotResponding", "none", "the NFS server does not answer: jobs wait for it"),
 )
 
 

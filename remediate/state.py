@@ -42,16 +42,23 @@ CREATE TABLE IF NOT EXISTS breakers (
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 -- Job recovery: each abnormal end decided, written before its calls (pending), so a restart never
 -- requeues an end twice; (job, restarts) is one end: Slurm's RestartCnt rises with each requeue.
+-- waits_for: the NFS server a held requeue waits for; waited_until: when that wait ended.
 CREATE TABLE IF NOT EXISTS job_ends (
   job TEXT NOT NULL, restarts INTEGER NOT NULL, ended_at REAL NOT NULL, nodes TEXT NOT NULL,
   branch TEXT NOT NULL, why TEXT NOT NULL, culprits TEXT NOT NULL, evidence TEXT NOT NULL,
   exclude TEXT NOT NULL, start_at REAL NOT NULL, attempts INTEGER NOT NULL, shared TEXT NOT NULL,
   status TEXT NOT NULL, decided_at REAL NOT NULL, finished_at REAL, error TEXT NOT NULL DEFAULT '',
+  waits_for TEXT NOT NULL DEFAULT '', waited_until REAL,
   PRIMARY KEY (job, restarts));
 -- When a person last released a held chain: its earlier ends no longer count.
 CREATE TABLE IF NOT EXISTS chains (job TEXT PRIMARY KEY, released_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS returns (node TEXT NOT NULL, taken_at REAL NOT NULL, returned_at REAL NOT NULL);
 """
+
+
+# A Decision's columns in job_ends, in its fields' order.
+_DECISION = ("job, restarts, ended_at, nodes, branch, why, culprits, evidence, exclude, start_at, attempts, shared, "
+             "waits_for")
 
 
 @dataclass(frozen=True)
@@ -88,10 +95,17 @@ class State:
             self.db.executescript(_SCHEMA)
             self._migrate()
         self.lock = threading.Lock()
+        # `status` reads a file an earlier version wrote as it is: its job ends waited for no server.
+        self._waits = "waits_for" in {row[1] for row in self.db.execute("PRAGMA table_info(job_ends)")}
 
     def _migrate(self) -> None:
         """A state file of an earlier version kept one breaker for both modes: it becomes the
-        enforced one if it was open (closing it silently would be worse)."""
+        enforced one if it was open (closing it silently would be worse). Its job ends had no
+        storage waits: the columns are added, empty."""
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(job_ends)")}
+        for name, kind in (("waits_for", "TEXT NOT NULL DEFAULT ''"), ("waited_until", "REAL")):
+            if name not in columns:
+                self.db.execute(f"ALTER TABLE job_ends ADD COLUMN {name} {kind}")
         old = self.db.execute("SELECT name FROM sqlite_master WHERE name = 'breaker'").fetchone()
         if old:
             for since, why in self.db.execute("SELECT since, why FROM breaker WHERE open = 1").fetchall():
@@ -170,6 +184,29 @@ class State:
                     "AND (ends_at IS NULL OR ends_at >= ?)", *part, at + wait, at):
                 out.setdefault(node, []).append(Alert(fp, status, json.loads(labels), starts, ends))
         return out
+
+    def unplaced_at(self, at: float, wait: float) -> list[Alert]:
+        """The alerts that name no node (NfsServerNotResponding{server}) firing at `at` or begun within
+        `wait` after it."""
+        return [Alert(fp, status, json.loads(labels), starts, ends) for fp, labels, status, starts, ends in self._rows(
+            "SELECT fingerprint, labels, status, starts_at, ends_at FROM alerts WHERE node IS NULL "
+            "AND status != 'released' AND starts_at <= ? AND (ends_at IS NULL OR ends_at >= ?)", at + wait, at)]
+
+    def firing_unplaced(self) -> list[Alert]:
+        return [Alert(fp, "firing", json.loads(labels), starts, None) for fp, labels, starts in self._rows(
+            "SELECT fingerprint, labels, starts_at FROM alerts WHERE status = 'firing' AND node IS NULL")]
+
+    def outage(self, alertname: str, server: str) -> tuple[bool, float | None]:
+        """(firing, when it last resolved) of a node-less alert about one server."""
+        firing, resolved = False, None
+        for labels, status, ends in self._rows("SELECT labels, status, ends_at FROM alerts WHERE node IS NULL "
+                                               "AND alertname = ?", alertname):
+            if json.loads(labels).get("server") != server:
+                continue
+            firing = firing or status == "firing"
+            if status == "resolved" and ends is not None:
+                resolved = max(resolved or ends, ends)
+        return firing, resolved
 
     def last_resolved(self) -> dict[str, float]:
         return dict(self._rows("SELECT node, MAX(ends_at) FROM alerts WHERE status = 'resolved' "
@@ -342,11 +379,13 @@ class State:
         return bool(self._rows("SELECT 1 FROM job_ends WHERE job = ? AND restarts = ?", job, restarts))
 
     def begin_job_end(self, decision: Decision, status: str, now: float) -> None:
-        self._write("INSERT INTO job_ends VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '')",
+        self._write(f"INSERT INTO job_ends ({_DECISION}, status, decided_at, finished_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     decision.job, decision.restarts, decision.ended_at, json.dumps(list(decision.nodes)),
                     decision.branch, decision.why, json.dumps(list(decision.culprits)), decision.evidence,
                     json.dumps(list(decision.exclude)), decision.start_at, decision.attempts,
-                    json.dumps(list(decision.shared)), status, now, now if status != "pending" else None)
+                    json.dumps(list(decision.shared)), decision.waits_for, status, now,
+                    now if status != "pending" else None)
 
     def finish_job_end(self, job: str, restarts: int, status: str, now: float, error: str = "") -> None:
         self._write("UPDATE job_ends SET status = ?, finished_at = ?, error = ? WHERE job = ? AND restarts = ?",
@@ -355,17 +394,35 @@ class State:
     def unfinished_job_ends(self) -> list[Decision]:
         """Decisions whose calls a previous run began and never finished (killed mid-call), or that failed."""
         return [self._decision(row) for row in self._rows(
-            "SELECT * FROM job_ends WHERE status IN ('pending', 'interrupted', 'failed') ORDER BY decided_at")]
+            f"SELECT {self._columns()} FROM job_ends WHERE status IN ('pending', 'interrupted', 'failed') "
+            "ORDER BY decided_at")]
 
     def interrupt_job_ends(self) -> int:
         with self.lock:
             return self.db.execute("UPDATE job_ends SET status = 'interrupted' WHERE status = 'pending'").rowcount
 
+    def _columns(self, table: str = "") -> str:
+        return ", ".join(table + name if self._waits or name != "waits_for" else "''"
+                         for name in _DECISION.split(", "))
+
     @staticmethod
     def _decision(row: tuple) -> Decision:
-        job, restarts, ended, nodes, branch, why, culprits, evidence, exclude, start_at, attempts, shared = row[:12]
+        job, restarts, ended, nodes, branch, why, culprits, evidence, exclude, start_at, attempts, shared, waits = row
         return Decision(job, restarts, branch, why, ended, tuple(json.loads(nodes)), tuple(json.loads(culprits)),
-                        evidence, tuple(json.loads(exclude)), start_at, attempts, tuple(json.loads(shared)))
+                        evidence, tuple(json.loads(exclude)), start_at, attempts, tuple(json.loads(shared)), waits)
+
+    def storage_waits(self, statuses: tuple[str, ...]) -> list[tuple[Decision, float]]:
+        """(decision, when decided) of the requeues held for an NFS server that has not answered yet."""
+        if not self._waits:
+            return []
+        marks = ",".join("?" * len(statuses))
+        rows = self._rows(f"SELECT {_DECISION}, decided_at FROM job_ends WHERE waits_for != '' AND "
+                          f"waited_until IS NULL AND status IN ({marks}) ORDER BY decided_at", *statuses)
+        return [(self._decision(row[:-1]), row[-1]) for row in rows]
+
+    def end_wait(self, job: str, restarts: int, now: float, error: str = "") -> None:
+        self._write("UPDATE job_ends SET waited_until = ?, error = ? WHERE job = ? AND restarts = ?",
+                    now, error, job, restarts)
 
     def requeues_since(self, since: float, statuses: tuple[str, ...]) -> int:
         marks = ",".join("?" * len(statuses))
@@ -376,7 +433,7 @@ class State:
         """Each chain's latest hold, unless a person released it since."""
         marks = ",".join("?" * len(statuses))
         return [self._decision(row) for row in self._rows(
-            f"SELECT e.* FROM job_ends e LEFT JOIN chains c ON c.job = e.job WHERE e.branch = 'held' "
+            f"SELECT {self._columns('e.')} FROM job_ends e LEFT JOIN chains c ON c.job = e.job WHERE e.branch = 'held' "
             f"AND e.status IN ({marks}) AND e.ended_at > COALESCE(c.released_at, -1) ORDER BY e.decided_at",
             *statuses)]
 

@@ -403,3 +403,19 @@ def test_a_node_a_person_resumed_while_the_service_was_down_stays_theirs(tmp_pat
     for _ in range(2):
         deliver(again, pending, clock=clock)
     assert len(calls(cluster)) == 1 and "gpu011" not in again.state.records()
+
+
+def test_an_alert_without_a_node_label_is_kept_and_never_acted_on_as_a_node(tmp_path: Path, cluster: Path) -> None:
+    """NfsServerNotResponding{server} names a server, not a node: kept for job recovery, no node drained
+    (even by a policy rule that would drain one), and resolved by Alertmanager's list like any other."""
+    clock = Clock()
+    rules = [{"alertname": "NfsServerNotResponding", "action": "drain"}]
+    e = engine(tmp_path, cluster, clock, rules=rules)
+    server = alert_json("NfsServerNotResponding", "gpu001", server="nfs01", starts=clock.now - 60)
+    del server["labels"]["instance"]
+    assert e.receive(parse(notification(server)), clock()) == 1
+    assert e.reconcile() == [] and calls(cluster) == []
+    [kept] = e.state.firing_unplaced()
+    assert kept.labels["server"] == "nfs01" and e.state.firing() == {}
+    assert e.state.outage("NfsServerNotResponding", "nfs01") == (True, None)
+    assert "left alone" not in status_text(e.policy, e.state, clock.now)
