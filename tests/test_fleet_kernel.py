@@ -4,6 +4,7 @@ family found by its alert while the outage blames no node."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fleet import harness, kernel, scenario, score
+from fleet import harness, jobcluster, jobreplay, kernel, scenario, score
 from fleet.harness import Firing
 from fleet.simulate import Fleet, Truth, node_name
 from gpunode_exporter.collector import xid as collector
@@ -113,3 +114,34 @@ def test_every_family_is_found_and_the_outage_blames_no_node(backend: str, tmp_p
     # The job's own OOM kills: the info alert, which blames no node.
     oom = next(d for d in SELFTEST.distractors if d.kind == "oom_kills")
     assert any(f.alertname == "GpuNodeOomKills" and f.labels["instance"] == node_name(oom.node) for f in run.firing)
+
+
+def test_jobs_a_storage_outage_ended_wait_for_the_server_and_no_node_is_taken() -> None:
+    """fleet/scenarios/jobs-storage-outage.yaml through gpunode-remediate's job recovery: the jobs each
+    outage ended are held until NfsServerNotResponding resolves, then requeued after their chain's
+    backoff; no node is drained or excluded for it; the Xid 79 between takes its node."""
+    sc = jobcluster.load("jobs-storage-outage")
+    results = jobreplay.replay(sc)
+    ours = results["ours"]
+    outages = [f for f in sc.faults if f.kind == "storage"]
+    resolved = {f.at: jobreplay.alert(f)[2] + jobreplay.GROUP_WAIT for f in outages}  # type: ignore[index]
+    backoff = jobreplay.POLICY.jobs.backoff
+    by_job: dict[str, list[jobcluster.Attempt]] = {}
+    for a in ours.attempts:
+        by_job.setdefault(a.job, []).append(a)
+    requeued = []
+    for attempts in by_job.values():
+        for n, (a, b) in enumerate(itertools.pairwise(attempts)):
+            if a.cause == "storage":
+                back = resolved[max(f.at for f in outages if jobcluster.T0 + f.at < a.end)]
+                ends = sum(e.outcome == "failed" for e in attempts[:n])  # the chain's abnormal ends before
+                delay = backoff[min(ends, len(backoff) - 1)]
+                assert ours.branches[(a.job, a.index)] == "backoff"
+                assert b.start == pytest.approx(back + delay, abs=jobcluster.BACKFILL), (a, b)
+                requeued.append((a.job, a.end, b.start))
+    assert len(requeued) == 4  # three jobs at the first outage, the 8-node one again at the second
+    assert set(ours.taken) == set(ours.excluded) == {"gpu003"}  # the Xid 79's node, no other
+    assert ours.holds == {}  # a storage wait is no hold for a person
+    # The fixed retry starts them again while the server is away, and they fail again.
+    fixed = results["fixed"]
+    assert sum(a.cause == "storage" for a in fixed.attempts) > sum(a.cause == "storage" for a in ours.attempts)
