@@ -145,3 +145,5 @@ def test_jobs_a_storage_outage_ended_wait_for_the_server_and_no_node_is_taken() 
     # The fixed retry starts them again while the server is away, and they fail again.
     fixed = results["fixed"]
     assert sum(a.cause == "storage" for a in fixed.attempts) > sum(a.cause == "storage" for a in ours.attempts)
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "remediation.md").read_text()
+    assert jobreplay.table(sc, results) in docs, "docs/remediation.md: jobs-storage-outage's table is stale"
