@@ -115,6 +115,7 @@ PREFIXES = {
     "failslow": ("GpuNode", "GpuJob"),
     "exporter": ("GpuNode",),
     "nfs": ("Nfs",),
+    "kernel": ("GpuNode", "GpuNvSwitch"),
     "checkpoint": ("Checkpoint",),
     "remediate": ("GpuRemediation", "GpuJob"),
 }
@@ -131,15 +132,19 @@ def test_alert_names_follow_the_prefix_scheme() -> None:
 
 def test_node_alerts_name_no_gpu_and_gpu_alerts_do() -> None:
     """GpuNode alerts are about a node, GpuJob alerts about a job, GpuRemediation alerts about the remediation
-    service (none of them names a GPU); other Gpu alerts name one."""
+    service (none of them names a GPU); GpuNvSwitch alerts name an NVSwitch, not a GPU; other Gpu alerts name one."""
     expected: dict[str, set[bool]] = {}
+    switch: dict[str, set[bool]] = {}
     for path in (ROOT / "tests" / "rules").glob("*.test.yml"):
         for case in yaml.safe_load(path.read_text())["tests"]:
             for check in case.get("alert_rule_test") or []:
                 for alert in check.get("exp_alerts") or []:
                     expected.setdefault(check["alertname"], set()).add("gpu" in alert.get("exp_labels", {}))
+                    switch.setdefault(check["alertname"], set()).add("switch" in alert.get("exp_labels", {}))
     for name, has_gpu in expected.items():
-        if name.startswith(("GpuNode", "GpuJob", "GpuRemediation")):
+        if name.startswith("GpuNvSwitch"):
+            assert has_gpu == {False} and switch[name] == {True}, f"{name}: names the switch, no GPU"
+        elif name.startswith(("GpuNode", "GpuJob", "GpuRemediation")):
             assert has_gpu == {False}, f"{name} is about a node but names a GPU"
         elif name.startswith("Gpu") and name != "GpuXidRepeatedHardwareFaults":  # that one counts the node's
             assert has_gpu == {True}, f"{name} is about one GPU but does not name it"
