@@ -54,9 +54,10 @@ NODE_ACTION = ("xid79_collapse", "uncorrectable_steps", "correctable_acceleratio
                "fs_readonly", "disk_errors", "memory_uncorrectable", "memory_ce_storm", "pcie_uncorrectable",
                "nic_fault", "gpu_driver_fault")
 # Damage the simulator never repairs: the GPU stays lost, the remapped rows stay, a node fault that keeps
-# the node out of later attempts (fleet/jobs.py NODE_KILLS) stays. Such a node counts as faulty from its
-# fault's window on to the end of the run.
-LASTING = ("xid79_collapse", "correctable_acceleration", "uncorrectable_steps", *NODE_KILLS)
+# the node out of later attempts (fleet/jobs.py NODE_KILLS) stays, and so do a failing disk, DIMM or PCIe
+# link. Such a node counts as faulty from its fault's window on to the end of the run.
+LASTING = ("xid79_collapse", "correctable_acceleration", "uncorrectable_steps", *NODE_KILLS, "disk_errors",
+           "memory_ce_storm", "pcie_uncorrectable")
 TAKES = ("drain", "reboot", "hold")  # calls that take a node out of service
 
 
@@ -467,6 +468,21 @@ def fault_table(outcome: Outcome, start: float) -> list[str]:
     return lines
 
 
+def by_kind(outcome: Outcome) -> list[str]:
+    """The faults per kind: how many, how many taken out, minutes from the reference time, by which calls."""
+    lines = ["| fault | faults | taken out | minutes after the reference time | the service's first call (alert) |",
+             "|---|---|---|---|---|"]
+    for kind in dict.fromkeys(f.kind for f in sorted(outcome.faults, key=lambda f: f.kind)):
+        faults = [f for f in outcome.faults if f.kind == kind]
+        delays = sorted(f.delay for f in faults if f.delay is not None)
+        span = "-" if not delays else _minutes(delays[0]) if delays[0] == delays[-1] else \
+            f"{_minutes(delays[0])} to {_minutes(delays[-1])}"
+        calls = sorted({f"{f.actions[0]} ({', '.join(f.by)})" for f in faults if f.actions and f.by})
+        lines.append(f"| {kind} | {len(faults)} | {sum(f.taken is not None for f in faults)} | {span} | "
+                     f"{'; '.join(calls) or '-'} |")
+    return lines
+
+
 @dataclass(frozen=True)
 class StormResult:
     label: str
@@ -524,6 +540,18 @@ def section(name: str, backend: str, firing: list[Firing], truth: Sequence[Truth
     lines += [f"- Storage server `{o.server}` gone at {_when(o.onset, start)}: nodes taken out from then to an hour "
               f"after its return: **{len(o.taken)}**" + (f" ({', '.join(o.taken)})" if o.taken else "") + "."
               for o in outages]
+    unlimited = replace(policy, budget=replace(policy.budget, fraction=1.0, maximum=None, in_care=1.0))
+    free = replay(firing, nodes, unlimited, start, end, step) if outcome.breaker else None
+    if free is not None:  # faults at rates scaled past the budget: what the policy does with each, unbudgeted
+        freed = score(free, truth, firing, unlimited)
+        lines += ["", "The breaker opened, so the same alerts again with a budget of every node (budget fraction "
+                  "and in_care 1.0), the policy otherwise the same:", "", *by_kind(freed), "",
+                  f"- Faults that want node action isolated: **{freed.isolated[0]} of {freed.isolated[1]}**; nodes "
+                  f"taken out with no fault in the truth: **{len(freed.healthy_takes)}**; node-hours out of "
+                  f"service without a fault: **{freed.healthy_hours:.1f}** (of {freed.out_hours:.1f}).",
+                  *(f"- Storage server `{o.server}` gone at {_when(o.onset, start)}: nodes taken out from then to "
+                    f"an hour after its return: **{len(o.taken)}**" + (f" ({', '.join(o.taken)})" if o.taken else "")
+                    + "." for o in storage_outages(free, truth))]
     stormed = storm_runs(firing, truth, nodes, start, end, policy, step) if storms else []
     if stormed:
         lines += ["", f"A false-alert storm: a bad rule makes 30 % of the nodes fire GpuNodeHostStarved at "
@@ -543,7 +571,11 @@ def section(name: str, backend: str, firing: list[Firing], truth: Sequence[Truth
             "healthy_takes": [list(t) for t in outcome.healthy_takes], "healthy_hours": outcome.healthy_hours,
             "breaker": list(outcome.breaker) if outcome.breaker else None,
             "timeline": {n: [asdict(e) for e in events] for n, events in result.timeline.items()},
-            "storms": [asdict(r) for r in stormed], "outages": [asdict(o) for o in outages]}
+            "storms": [asdict(r) for r in stormed], "outages": [asdict(o) for o in outages],
+            "unbudgeted": None if free is None else {
+                "faults": [{**asdict(f), "delay": f.delay} for f in freed.faults],
+                "outages": [asdict(o) for o in storage_outages(free, truth)],
+                "healthy_takes": [list(t) for t in freed.healthy_takes], "healthy_hours": freed.healthy_hours}}
     return "\n".join(lines) + "\n", data
 
 

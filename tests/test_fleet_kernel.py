@@ -7,12 +7,13 @@ from __future__ import annotations
 import itertools
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from fleet import harness, jobcluster, jobreplay, kernel, scenario, score
+from fleet import harness, jobcluster, jobreplay, kernel, remediation, scenario, score
 from fleet.harness import Firing
 from fleet.simulate import Fleet, Truth, node_name
 from gpunode_exporter.collector import xid as collector
@@ -90,7 +91,7 @@ def test_a_servers_alert_detects_its_outage_and_its_clients_alerts_are_false() -
     assert (s.classes[0].alerts, s.classes[0].false_alerts) == (3, 1)  # the per-node warning: a consequence
 
 
-@pytest.mark.parametrize("backend", ["victoriametrics"])
+@pytest.mark.parametrize("backend", harness.BACKENDS)
 def test_every_family_is_found_and_the_outage_blames_no_node(backend: str, tmp_path: Path) -> None:
     if tools := harness.missing_tools():
         pytest.skip(f"not installed: {', '.join(tools)} (scripts/install-deps.sh --test installs them)")
@@ -114,6 +115,17 @@ def test_every_family_is_found_and_the_outage_blames_no_node(backend: str, tmp_p
     # The job's own OOM kills: the info alert, which blames no node.
     oom = next(d for d in SELFTEST.distractors if d.kind == "oom_kills")
     assert any(f.alertname == "GpuNodeOomKills" and f.labels["instance"] == node_name(oom.node) for f in run.firing)
+    # Through gpunode-remediate's default policy without its budget (12 drains on 8 nodes in 6 hours): every
+    # node fault's node is taken out in its window, none for the outage, no healthy node.
+    unlimited = replace(remediation.POLICY, budget=replace(remediation.POLICY.budget, minimum=100, maximum=None,
+                                                            in_care=1.0))
+    nodes = [node_name(n) for n in range(SELFTEST.nodes)]
+    result = remediation.replay(run.firing, nodes, unlimited, fleet.start, fleet.start + SELFTEST.duration)
+    outcome = remediation.score(result, truth, run.firing, unlimited)
+    assert [(f.kind, f.node) for f in outcome.faults if f.taken is None] == []
+    assert outcome.isolated == (len(NODE_FAMILIES) + 2, len(NODE_FAMILIES) + 2)  # two families twice
+    assert [o.taken for o in remediation.storage_outages(result, truth)] == [()]
+    assert outcome.healthy_takes == () and outcome.healthy_hours == 0
 
 
 def test_jobs_a_storage_outage_ended_wait_for_the_server_and_no_node_is_taken() -> None:
