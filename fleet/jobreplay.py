@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleet.alertmanager import fingerprint
 from fleet.jobcluster import MIN_JOB_AGE, NODE_FAULTS, T0, Attempt, Fault, Scenario, SimJob, SimSlurm, load
-from fleet.remediation import SIMULATED_RESET, SimEngine, fingerprint
+from fleet.remediation import SIMULATED_RESET, SimEngine
 from gpunode_common.config import ConfigError
 from gpunode_exporter.xid import catalog
 from gpunode_remediate.alerts import Alert, Notification

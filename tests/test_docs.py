@@ -298,7 +298,7 @@ def _tracked_text() -> dict[str, str]:
 _PRIVATE = re.compile(r"seed 0\d\d|\bthe brief\b|BRIEF\.md|CONTRACT\.md|\bissues? #?\d+", re.IGNORECASE)
 _REPOSITORY = re.compile(r"[\w.-]+/[\w.-]+ $|github\.com")  # "prometheus/procfs issue #166" is a citation
 _TABLE = re.compile(r"\b(Table|Figure|Fig\.) ?\d+")
-_SOURCES = ("Lablup", "report", "Minder", "FALCON", "NVIDIA", "Young", "Daly")
+_SOURCES = ("Lablup", "report", "Minder", "FALCON", "NVIDIA", "Young", "Daly", "Llama 3", "ByteRobust")
 
 
 def test_product_text_uses_no_private_names() -> None:
