@@ -48,7 +48,8 @@ DECISIONS = MetricSpec(P + "decisions_total", "counter", "Notifications acted on
                        "decision_seconds_total).")
 REQUEUES = MetricSpec(P + "job_requeues_total", "counter", "Abnormal job ends decided since start, by branch: "
                       "app_fault (requeued at once), node_fault (requeued without the culprit), backoff (no "
-                      "culprit: requeued to start after the backoff), held (the chain stopped for a person).",
+                      "culprit or the job's own fault: requeued to start after the backoff; an NFS outage: held "
+                      "until the server answers, then the backoff), held (the chain stopped for a person).",
                       ("branch",))
 CHAINS = MetricSpec(P + "job_chains_held", "gauge", "Retry chains held for a person (scontrol requeuehold).")
 CHAIN = MetricSpec(P + "job_chain_held_attempts", "gauge", "A held retry chain's abnormal ends, by Slurm job id "

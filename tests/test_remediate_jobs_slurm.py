@@ -7,20 +7,33 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from demo.slurm import NODE_VAR
 from gpunode_remediate.scheduler.slurm import expand_hostlist
-from tests.remediation import alert_json, rfc3339
+from tests.helpers import free_port, wait_for_port
+from tests.remediation import alert_json, notification, rfc3339
 from tests.slurm import SlurmCluster, _tool, flags, slurm_cluster
 
 # Fixtures: each test starts on an idle cluster (clean), with an exporter for the health check.
-from tests.test_remediate_slurm import Alertmanager, Service, clean, exporter, wait  # noqa: F401
+from tests.test_remediate_slurm import (  # noqa: F401
+    HEALTHY,
+    ROOT,
+    Alertmanager,
+    Service,
+    clean,
+    exporter,
+    reasons,
+    wait,
+)
 
 NODES = tuple(f"gpu{i:03d}" for i in range(1, 7))
 JOBS = {"enabled": True, "culprit_wait": "2s"}
@@ -279,3 +292,81 @@ def test_a_node_blamed_by_two_jobs_is_taken_out_as_a_lemon(
     assert node["Reason"].startswith("gpunode: hold lemon") and "2 jobs" in node["Reason"]
     assert "DRAIN" in flags(node)
     assert svc.metrics()["gpunode_remediate_lemon_nodes"][()] == 1
+
+
+@pytest.fixture(scope="module")
+def nfs_exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real exporter on a healthy 8-GPU node whose NFS mounts are the edge fixture's (stor-a.example,
+    oldnas, 10.20.0.6): job recovery asks it which servers a node mounts."""
+    tmp = tmp_path_factory.mktemp("nfs-exporter")
+    (tmp / "config.yml").write_text("gpu: {expected_count: 8}\n")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gpunode_exporter", "--web.listen-address", f"127.0.0.1:{port}",
+                             "--nvml.simulate", str(HEALTHY), "--config.file", str(tmp / "config.yml"),
+                             "--path.state", str(tmp), "--path.procfs", str(ROOT / "tests/fixtures/procfs/edge"),
+                             "--collector.disable-defaults", "--collector.gpu", "--collector.nfs"],
+                            cwd=ROOT, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, lambda: proc.poll() is None)
+        yield f"http://127.0.0.1:{port}/metrics?node={{node}}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def send(svc: Service, *alerts: dict[str, Any]) -> None:
+    """Straight to the service's webhook, as Alertmanager's route for it delivers them."""
+    requests.post(f"{svc.url}/alerts", data=notification(*alerts), timeout=10).raise_for_status()
+
+
+def test_disk_errors_hold_the_node_and_its_failed_job_runs_again_without_it(
+        tmp_path: Path, cluster: SlurmCluster, service: Callable[..., Service]) -> None:
+    svc = service().start()
+    job = Job(cluster, tmp_path / "job", {0: 3}, seconds=4)
+    nodes = job.running()
+    send(svc, alert_json("GpuNodeDiskErrors", nodes[1], device="nvme0n1", starts=time.time()))
+    node = cluster.wait_state(nodes[1], lambda n: "DRAIN" in flags(n))
+    assert node["Reason"].startswith("gpunode: hold GpuNodeDiskErrors")
+    again = job.running(1)
+    assert nodes[1] not in again
+    info = job.wait("done", lambda j: j["JobState"] == "COMPLETED")
+    assert info["ExcNodeList"] == nodes[1] and info["Restarts"] == "1"
+    assert info["AdminComment"].startswith("gpunode: node_fault attempt 1: node fault: requeued without "
+                                           f"{nodes[1]} (GpuNodeDiskErrors on {nodes[1]})")
+    assert requeues(svc) == {"node_fault": 1}
+    assert "DRAIN" in flags(cluster.node(nodes[1]))  # held for a person: never returned by the service
+
+
+def test_a_storage_outage_holds_the_jobs_it_ended_until_the_server_answers_and_drains_no_node(
+        tmp_path: Path, cluster: SlurmCluster, service: Callable[..., Service], nfs_exporter: str) -> None:
+    svc = service(jobs={**JOBS, "backoff": ["5s"]}, health_check={"url": nfs_exporter, "timeout": "5s"}).start()
+    down = alert_json("NfsServerNotResponding", "-", server="stor-a.example", starts=time.time())
+    del down["labels"]["instance"]  # a server, not a node
+    job = Job(cluster, tmp_path / "job", {0: 1}, seconds=3)
+    nodes = job.running()
+    send(svc, down)
+    info = job.wait("held for the server", lambda j: j.get("AdminComment", "").startswith("gpunode: backoff"))
+    assert info["JobState"] == "PENDING" and info["Reason"] == "job_requeued_in_held_state"
+    assert info["Restarts"] == "1" and info["ExcNodeList"] == "(null)"
+    assert info["AdminComment"].startswith("gpunode: backoff attempt 1: waiting for NFS server stor-a.example")
+    status = svc.command("status").stdout
+    assert f"job {job.id}  waiting for NFS server stor-a.example" in status, status
+    assert requeues(svc) == {"backoff": 1}
+    svc.stop()  # the wait is in the state file, the job held in Slurm's queue
+    svc.start()
+    time.sleep(4)
+    assert ("start", 1) not in job.attempts() and job.info()["Reason"] == "job_requeued_in_held_state"
+    answered = time.time()
+    send(svc, {**down, "status": "resolved", "endsAt": rfc3339(answered)})
+    job.running(1, timeout=60)
+    waited = job.attempts()[("start", 1)][1] - answered
+    # StartTime is the answer plus the 5 s backoff; a future StartTime starts at Slurm's next backfill
+    # pass (bf_interval, 30 s by default).
+    assert 5 <= waited <= 5 + 35, waited
+    info = job.wait("done", lambda j: j["JobState"] == "COMPLETED")
+    assert info["AdminComment"].startswith("gpunode: backoff attempt 1: NFS server stor-a.example answered again")
+    assert requeues(svc) == {}  # since the restart: the end was decided once, before it
+    assert "gpunode" not in reasons(cluster)  # no node drained, none blamed
+    assert not [n["NodeName"] for n in cluster.all_nodes() if "DRAIN" in flags(n)]
+    assert svc.metrics()["gpunode_remediate_lemon_nodes"][()] == 0
+    assert f"mounted on {nodes[0]}" in svc.log.read_text()  # the evidence: asked of its exporter
