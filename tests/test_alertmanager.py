@@ -315,3 +315,13 @@ def test_alertmanager_delivers_the_services_alerts_firing_then_resolved(delivery
                            headers={"Authorization": f"Bearer {delivery.token}"}).text
     assert 'gpunode_remediate_webhook_errors_total{reason="unauthorized"} 0' in metrics
     assert requests.post(f"{delivery.service}{WEBHOOK_PATH}", data=b"{}", timeout=5).status_code == 401
+
+
+def test_a_server_not_responding_silences_its_nodes_reports_of_it_only(alertmanager: str) -> None:
+    on_node = {"alertname": "NfsServerNotRespondingOnNode", "severity": "warning"}
+    _post(alertmanager,
+          {"alertname": "NfsServerNotResponding", "server": "stor-a", "severity": "critical"},
+          {**on_node, "instance": "gpu201", "server": "stor-a"},
+          {**on_node, "instance": "gpu202", "server": "stor-b"})
+    assert _inhibited(alertmanager, "gpu201") == {"NfsServerNotRespondingOnNode": True}
+    assert _inhibited(alertmanager, "gpu202", seconds=1) == {"NfsServerNotRespondingOnNode": False}
