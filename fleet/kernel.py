@@ -13,9 +13,12 @@ What each kind prints, and how often (the kernel's and drivers' own habits):
   a task stays blocked, at most 10 per boot (kernel.hung_task_warnings' default; here per episode:
   a node with hung tasks of its own is rebooted, its default remediation);
 - a soft lockup: the watchdog reports again every 20 s (2 x watchdog_thresh) while the CPU is stuck;
-- an NFS server that stops answering: each client prints `not responding` after its own major
-  timeout (60-180 s: timeo=600 with retrans over TCP) and `OK` at its first reply after, its
-  blocked tasks reported as hung tasks meanwhile;
+- an NFS server that stops answering: each client prints `not responding` at its first request's
+  major timeout, 180 s after it was sent (net/sunrpc's xprt_calc_majortimeo: timeo + retrans x timeo
+  over TCP, nfs(5)'s 60 s and 2), and `OK` at its first reply after; a task blocked on it from the
+  stop is reported hung at the first check past 120 s (120-240 s in: the check's phase is the
+  node's own), then at each check, so a client may report a hung task a minute before it names
+  the server;
 - a corrected-memory storm: an `EDAC MCn: 1 CE` line per error, here about one a minute.
 """
 
@@ -31,6 +34,7 @@ from fleet.scenario import Event
 HUNG_TASK_CHECK = 120.0  # kernel.hung_task_timeout_secs: a blocked task is reported at each check
 HUNG_TASK_WARNINGS = 10  # kernel.hung_task_warnings: reports per boot, then silence
 SOFT_LOCKUP_EVERY = 20.0  # 2 x kernel.watchdog_thresh
+NFS_MAJOR_TIMEOUT = 180.0  # a request's major timeout over TCP with nfs(5)'s defaults (timeo=600, retrans=2)
 NFS_SERVER = "nas"  # the host part of every simulated node's checkpoint mount (fleet/simulate.py)
 NFS_EXPORT = f"{NFS_SERVER}:/ckpt"
 
@@ -64,7 +68,7 @@ def _poisson(rng: np.random.Generator, start: float, span: float, per_second: fl
 def outage(f: Event, node: int, seed: int) -> tuple[float, float]:
     """When a client of the NFS server (fault f) prints `not responding`, and `OK`: seconds from the start."""
     rng = np.random.default_rng((seed, node, 0x4E46))
-    return f.at + rng.uniform(60, 180), f.at + f.duration("lasts", 1800) + rng.uniform(0, 30)
+    return f.at + NFS_MAJOR_TIMEOUT + rng.uniform(0, 15), f.at + f.duration("lasts", 1800) + rng.uniform(0, 30)
 
 
 def build(t: np.ndarray, node: int, seed: int, faults: list[Event], distractors: list[Event],
@@ -133,7 +137,8 @@ def build(t: np.ndarray, node: int, seed: int, faults: list[Event], distractors:
         add("nfs_ok", server, [back])
         was = log.nfs_responding.get(server, np.full(t.size, np.nan))
         log.nfs_responding[server] = np.where((t >= gone) & (t < back), 0.0, np.where(t >= back, 1.0, was))
-        hung += _every(s.at + HUNG_TASK_CHECK + rng.uniform(0, 30), back, HUNG_TASK_CHECK)[:HUNG_TASK_WARNINGS]
+        first = s.at + HUNG_TASK_CHECK + rng.uniform(0, HUNG_TASK_CHECK)  # the first check past 120 s blocked
+        hung += _every(first, back, HUNG_TASK_CHECK)[:HUNG_TASK_WARNINGS]
     if hung:
         add("hung_task", "", hung)
     log.events = {key: sorted(at) for key, at in times.items()}

@@ -53,7 +53,17 @@ def test_the_kernel_series_are_the_exporters() -> None:
     mounts = {dict(s.labels)["export"] for s in series if s.name == "gpunode_nfs_mount_info"}
     assert {m.partition(":")[0] for m in mounts} == {kernel.NFS_SERVER}
     t = fleet.t
-    down = (t >= OUTAGE.at + 180) & (t < OUTAGE.at + OUTAGE.duration("lasts", 0))
+
+    def first_after_stop(count: np.ndarray) -> float:
+        before = np.nan_to_num(count[t < OUTAGE.at], nan=0).max()
+        return float(t[np.argmax((t >= OUTAGE.at) & (np.nan_to_num(count, nan=0) > before))])
+
+    first = {(dict(s.labels)["instance"], dict(s.labels)["kind"]): first_after_stop(s.values)
+             for s in series if s.name == "gpunode_kernel_events_total"}
+    # Some clients report a hung task before they name the server (the rule must wait for it).
+    early = [n for (n, kind), at in first.items() if kind == "hung_task" and at < first[n, "nfs_not_responding"]]
+    assert 0 < len(early) < SELFTEST.nodes
+    down = (t >= OUTAGE.at + kernel.NFS_MAJOR_TIMEOUT + 30) & (t < OUTAGE.at + OUTAGE.duration("lasts", 0))
     for n in range(SELFTEST.nodes):
         mine = {(s.name, dict(s.labels).get("kind", "")): s.values for s in series
                 if dict(s.labels)["instance"] == node_name(n)}
