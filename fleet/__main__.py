@@ -23,15 +23,19 @@ def _cell(value: float, unit: str = "") -> str:
 def report(name: str, results: dict[str, tuple[harness.Run, score.Score]], nodes: int, days: float,
            truth: list[Truth]) -> str:
     lines = [f"### {name}: {nodes} nodes x {days:g} days", "",
-             "| backend | fault class | faults | detected | recall | precision | lead median | lead p90 |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| backend | fault class | faults | detected | recall | precision | lead median | lead p90 "
+             "| false (per 1,000 healthy node-days) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for backend, (_run, s) in results.items():
         for c in s.classes:
             median, p90 = score.lead_summary(c.leads)
+            per = 1000 * c.false_alerts / s.healthy_node_days if s.healthy_node_days else float("nan")
             lines.append(f"| {backend} | {c.kind} | {c.faults} | {c.detected} | {_cell(c.recall)} | "
-                         f"{_cell(c.precision)} | {_cell(median, 'min')} | {_cell(p90, 'min')} |")
+                         f"{_cell(c.precision)} | {_cell(median, 'min')} | {_cell(p90, 'min')} | "
+                         f"{c.false_alerts} ({_cell(per)}) |")
         lines.append(f"| {backend} | **all** | {sum(c.faults for c in s.classes)} | "
-                     f"{sum(c.detected for c in s.classes)} | **{_cell(s.recall)}** | **{_cell(s.precision)}** | | |")
+                     f"{sum(c.detected for c in s.classes)} | **{_cell(s.recall)}** | **{_cell(s.precision)}** | | | "
+                     f"{len(s.false_alerts)} ({_cell(s.false_per_1000_node_days)}) |")
     lines += ["", "| backend | alert episodes | false | false per 1,000 healthy node-days | load s | replay s "
               "| samples |",
               "|---|---|---|---|---|---|---|"]

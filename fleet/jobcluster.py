@@ -14,10 +14,13 @@
   step-time watchdog ends it `fails_after` in; a `lemon` ends every attempt placed on it `fails_after` in,
   without an alert; a fault of the job itself (`job`: a network or software fault no restart cures) ends
   its running attempt and every later one `fails_after` in; a `transient` fault (an NCCL timeout) ends the
-  job on its node once, without an alert.
+  job on its node once, without an alert. A `storage` fault is an NFS server every node mounts (`server`)
+  that stops answering for `lasts`: every attempt running, or starting, while it is away blocks and is
+  ended by its collective's watchdog `fails_after` in (600 s by default), if the server is still away then.
 - A scenario file (fleet/scenarios/jobs-*.yaml): `name`, `description`, `nodes`, `duration`, `seed`;
   `defaults` (`load`, `checkpoint`) for its `jobs` (`name`, `nodes`, `work`, `submit`, `priority`, `load`,
-  `checkpoint`, `ends_after`); `faults` (`kind`, `at`, `node` or `job`, `xid`, `fails_after`, `lasts`);
+  `checkpoint`, `ends_after`); `faults` (`kind`, `at`, `node` or `job`, `xid`, `fails_after`, `lasts`,
+  `server`);
   `stream` (smaller jobs drawn: `backlog`, `every`, `nodes`, `work`, `load`, `checkpoint`) and
   `background` (faults drawn on every node: `per_gpu_hour`, `mix`, `repair`). Durations as 90s, 15m, 2.2h.
 """
@@ -41,7 +44,8 @@ GPUS = 8
 BACKFILL = 30.0  # Slurm's bf_interval
 MIN_JOB_AGE = 300.0
 REBOOT_TAKES = 300.0
-KINDS = ("app", "node", "straggler", "lemon", "job", "transient")
+KINDS = ("app", "node", "straggler", "lemon", "job", "transient", "storage")
+STORAGE_WATCHDOG = 600.0  # a job blocked on storage this long is ended by its collective's watchdog
 NODE_FAULTS = ("node", "straggler", "lemon")  # a node with one of these is not healthy
 
 
@@ -69,6 +73,7 @@ class Fault:
     fails_after: float = 300.0  # an attempt placed where the fault is ends this long after its start
     lasts: float = 0.0  # straggler: how long it throttles; node: when a person repairs it (0: never)
     delay: float = 75.0  # from the fault to its notification
+    server: str = ""  # storage: the NFS server (every node mounts it)
 
 
 @dataclass(frozen=True)
@@ -115,8 +120,13 @@ def _fault(data: Any, rng: random.Random, where: str) -> Fault:
     if data.get("kind") not in KINDS:
         raise ConfigError(f"{where}.kind: want one of {', '.join(KINDS)}, got {data.get('kind')!r}")
     durations = {k: seconds(data[k], f"{where}.{k}") for k in ("at", "fails_after", "lasts") if k in data}
+    if data["kind"] == "storage":
+        if not data.get("server") or "lasts" not in data:
+            raise ConfigError(f"{where}: a storage fault wants its server and how long it lasts")
+        durations.setdefault("fails_after", STORAGE_WATCHDOG)
     return Fault(data["kind"], node=str(data.get("node", "")), job=str(data.get("job", "")),
-                 xid=int(data.get("xid", 0)), delay=rng.uniform(60.0, 90.0), **durations)
+                 xid=int(data.get("xid", 0)), delay=rng.uniform(60.0, 90.0), server=str(data.get("server", "")),
+                 **durations)
 
 
 def _stream(data: Any, rng: random.Random, duration: float) -> list[JobSpec]:
@@ -261,17 +271,21 @@ class SimSlurm:
         self.wake = wake
         self.faults: dict[str, list[Fault]] = {}
         self.job_faults: dict[str, list[Fault]] = {}
+        self.storage = [f for f in scenario.faults if f.kind == "storage"]
         for f in scenario.faults:
-            (self.job_faults.setdefault(f.job, []) if f.kind == "job" else self.faults.setdefault(f.node, [])).append(f)
+            if f.kind != "storage":
+                (self.job_faults.setdefault(f.job, []) if f.kind == "job"
+                 else self.faults.setdefault(f.node, [])).append(f)
         self.attempts: list[Attempt] = []
         self.excluded: set[str] = set()  # every node ever in an ExcNodeList
         self.taken: dict[str, float] = {}  # node -> when the service first drained or rebooted it
         self.holds: dict[str, int] = {}  # job name -> the attempt at which the service held it
 
-    def note_holds(self) -> None:
-        """Jobs still held once the service's pass is done were held for a person, not requeued."""
+    def note_holds(self, waiting: Callable[[SimJob], bool] = lambda j: False) -> None:
+        """Jobs still held once the service's pass is done were held for a person, not requeued; but
+        those `waiting` for a storage server, which the service releases once it answers."""
         for j in self.jobs.values():
-            if j.held and j.spec.name not in self.holds:
+            if j.held and j.spec.name not in self.holds and not waiting(j):
                 self.holds[j.spec.name] = j.restarts
 
     # The protocol
@@ -415,6 +429,10 @@ class SimSlurm:
         fates: list[tuple[float, str, Fault | None]] = [(now + spec.load + spec.work - j.saved, "completed", None)]
         for f in self.job_faults.get(spec.name, ()):  # the running attempt when it strikes, every later one
             fates.append((T0 + f.at if T0 + f.at > now else now + f.fails_after, "failed", f))
+        for f in self.storage:  # blocked on the server: ended by the watchdog if it is still away
+            kill = max(now, T0 + f.at) + f.fails_after
+            if kill <= T0 + f.at + f.lasts:
+                fates.append((kill, "failed", f))
         for n in nodes:
             broken = self.nodes[n].broken
             if broken is not None:

@@ -4,9 +4,10 @@ faults and the scenario files).
 
 - Alerts: an Xid's is the rule pack's (GpuXidApplicationFault or GpuXidHardwareFault, by NVIDIA's action
   for the code in the packaged catalog; none for IGNORE), firing for its 15-minute window; a straggler
-  fires GpuNodeClockThrottled after its 4-minute `for` while it lasts; a lemon, a job's own fault and a
-  transient one fire nothing. Each reaches the service `delay` (60-90 s: rule evaluation and
-  Alertmanager) after the fault.
+  fires GpuNodeClockThrottled after its 4-minute `for` while it lasts; a storage server that stops answering
+  fires NfsServerNotResponding{server} (no node) from its clients' major timeout (3 minutes) while it is away;
+  a lemon, a job's own fault and a transient one fire nothing. Each reaches the service `delay` (60-90 s:
+  rule evaluation and Alertmanager) after the fault.
 - Two policies over the same faults: the fixed retry (every abnormal end requeued to start 10 minutes
   later, on any nodes, no exclusion, no hold: the Lablup B200 operations report's automatic retry), and
   gpunode-remediate (remediate/engine.py with job recovery on, every other key at its default, enforcing,
@@ -33,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleet.alertmanager import fingerprint
 from fleet.jobcluster import MIN_JOB_AGE, NODE_FAULTS, T0, Attempt, Fault, Scenario, SimJob, SimSlurm, load
-from fleet.remediation import SIMULATED_RESET, SimEngine, fingerprint
+from fleet.remediation import SIMULATED_RESET, SimEngine
 from gpunode_common.config import ConfigError
 from gpunode_exporter.xid import catalog
 from gpunode_remediate.alerts import Alert, Notification
@@ -52,6 +54,7 @@ NODE_TICK = 60.0  # node steps (reboots, quiet periods) need no finer look
 XID_WINDOW = 900.0  # the rule pack's recent_window: an Xid alerts this long
 THROTTLE_FOR = 240.0  # GpuNodeClockThrottled's `for`
 GROUP_WAIT = 30.0  # of the delay to the service: the alert fired this much before it arrived
+NFS_MAJOR_TIMEOUT = 180.0  # a client names the server after it (nfs(5): timeo=600, retrans=2 over TCP)
 # rules/spec.yaml: which NVIDIA actions page as a hardware fault, which as an application fault.
 HARDWARE_ACTIONS = {"RESET_GPU", "RESTART_BM", "RESTART_VM", "CONTACT_SUPPORT", "CHECK_MECHANICALS", "UPDATE_SWFW",
                     "WORKFLOW_XID_48", "WORKFLOW_NVLINK_ERR", "WORKFLOW_NVLINK5_ERR", "UNKNOWN"}
@@ -103,6 +106,10 @@ def alert(f: Fault) -> tuple[dict[str, str], float, float] | None:
     """(labels, fires, resolves) of the rule pack's alert about a fault, or None (no alert)."""
     at = T0 + f.at
     labels = {"instance": f"{f.node}:19835", "job": "gpunode"}
+    if f.kind == "storage":
+        labels = {"alertname": "NfsServerNotResponding", "server": f.server, "severity": "critical"}
+        fires = at + NFS_MAJOR_TIMEOUT + f.delay - GROUP_WAIT
+        return labels, fires, at + f.lasts + f.delay - GROUP_WAIT
     if f.kind == "straggler":
         fires = at + THROTTLE_FOR + f.delay - GROUP_WAIT
         return ({"alertname": "GpuNodeClockThrottled", **labels, "cause": "thermal", "severity": "warning"},
@@ -173,9 +180,12 @@ class Replay:
                 self.push(at, "cancel", self.slurm.by_name[name].id)
         with _quiet():
             if self.policy == "ours":
+                # Every node mounts every storage server of the scenario (its exporter's gpunode_nfs_mount_info).
+                mounts = frozenset(f.server for f in self.sc.faults if f.kind == "storage")
                 self.engine = SimEngine(POLICY, _State(), _Protocol(self.slurm),  # type: ignore[arg-type]
                                       clock=lambda: self.clock[0], healthy=lambda node, policy: None,
-                                      sleep=lambda _seconds: None)  # the simulated Slurm launches at once
+                                      sleep=lambda _seconds: None,  # the simulated Slurm launches at once
+                                      mounted=lambda node, policy: mounts)
             self._loop()
             branches = self._branches()
             breaker = None
@@ -200,8 +210,14 @@ class Replay:
                 self.slurm.schedule()
             if self.engine is not None and (notified or now >= self.next_tick):
                 self.engine.reconcile()  # a release or resume now wakes a pass of the scheduler now
-                self.slurm.note_holds()
+                self.slurm.note_holds(self._waits_for_storage)
                 self._tick(now)
+
+    def _waits_for_storage(self, j: SimJob) -> bool:
+        """The job is held by the service until an NFS server answers again (not for a person)."""
+        assert self.engine is not None and isinstance(self.engine.state, _State)
+        return any(d.job == j.id and d.restarts + 1 == j.restarts and d.waits_for
+                   for d in self.engine.state.decisions)
 
     def _tick(self, now: float) -> None:
         """The service looks again in 15 s while a job's end waits for its decision, every minute while a

@@ -21,6 +21,12 @@ from gpunode_exporter.nvmlsim.scenario import seconds
 KINDS = ("training", "single", "inference", "burnin")
 SOURCES = ("slurm", "kubernetes", "systemd")
 RETRY_GAP_MEDIAN = 660.0  # seconds between a failure and the next attempt (the report: median 11 min)
+# Faults of a node past its GPUs that end the job on it at once (its ranks die: a stuck CPU, the NVSwitch
+# fabric gone, writes refused on a read-only filesystem, a poisoned page, the compute NIC lost, the GPU's
+# firmware stopped), and keep the node out of later attempts (the scheduler's node health check fails).
+NODE_KILLS = ("nvswitch_fatal", "cpu_lockup", "fs_readonly", "memory_uncorrectable", "nic_fault", "gpu_driver_fault")
+STORAGE_KILLS = ("nfs_server_down",)  # a storage server every node mounts: every training job waits on it
+NCCL_TIMEOUT = 600.0  # a job blocked on storage this long is ended by its collective's watchdog
 GOLDEN = (5 ** 0.5 - 1) / 2
 DEFAULT_LOAD = {"training": "25m", "single": "5m"}  # the report's session start loads took 25-33 min
 
@@ -131,8 +137,9 @@ def sessions_as_jobs(sessions: tuple[tuple[float, float], ...], nodes: int, chec
 
 def kills(fault_kind: str, at: float, params: dict[str, object]) -> list[float]:
     """When a fault ends the job on its node: an Xid 79 or a lost GPU, each Xid 94 (contained
-    uncorrectable error: the application is killed)."""
-    if fault_kind in ("xid79_collapse", "getattr_spike"):
+    uncorrectable error: the application is killed), a node fault past the GPU that kills it (NODE_KILLS),
+    the job's own processes killed for memory (oom_kills: the job's fault)."""
+    if fault_kind in ("xid79_collapse", "getattr_spike", "oom_kills", *NODE_KILLS):
         return [at]
     if fault_kind == "uncorrectable_steps":
         return [at + seconds(s, "steps") for s in params.get("steps", [0, 7200, 18000])]  # type: ignore[union-attr]
@@ -143,11 +150,27 @@ def kills(fault_kind: str, at: float, params: dict[str, object]) -> list[float]:
 
 def loses_gpu(fault_kind: str, at: float, params: dict[str, object]) -> float | None:
     """When the node's GPU is lost for good (the node leaves later attempts), or None."""
-    if fault_kind == "xid79_collapse":
+    if fault_kind in ("xid79_collapse", *NODE_KILLS):
         return at
     if fault_kind == "correctable_acceleration":
         return at + seconds(params.get("loss_after", 9 * 86400), "loss_after")
     return None
+
+
+Faults = list[tuple[str, int, float, dict[str, object]]]  # (kind, node, at, params)
+
+
+def storage_waits(job: Job, faults: Faults, start: float) -> dict[float, float]:
+    """A training job blocked on a storage server that stops answering: its collective's watchdog ends
+    it NCCL_TIMEOUT later if the server is still away. When each such end falls -> when the server is back."""
+    if not job.restart_on_fault or job.kind not in ("training", "single"):
+        return {}
+    out = {}
+    for kind, _node, at, params in faults:
+        back = at + seconds(params.get("lasts", 1800), "lasts")  # type: ignore[arg-type]
+        if kind in STORAGE_KILLS and back - at > NCCL_TIMEOUT and start < at + NCCL_TIMEOUT < job.end:
+            out[at + NCCL_TIMEOUT] = back
+    return out
 
 
 def expand(jobs: tuple[Job, ...], faults: list[tuple[str, int, float, dict[str, object]]], seed: int) -> list[Attempt]:
@@ -159,14 +182,16 @@ def expand(jobs: tuple[Job, ...], faults: list[tuple[str, int, float, dict[str, 
         while start < job.end and members:
             ends = [f for f in job.failures if start < f < job.end]
             if job.restart_on_fault:
-                ends += [k for kind, node, at, params in faults if node in members
+                ends += [k for kind, node, at, params in faults if node in members and kind not in STORAGE_KILLS
                          for k in kills(kind, at, params) if start < k < job.end]
-            end = min([*ends, job.end])
+            waits = storage_waits(job, faults, start)  # kill -> when the storage is back
+            end = min([*ends, *waits, job.end])
             attempts.append(Attempt(job, number, str(1000 + len(attempts)), members, start, end))
             if end >= job.end:
                 break
             gap = job.restart_gap if job.restart_gap is not None else float(
                 np.clip(RETRY_GAP_MEDIAN * rng.lognormal(0, 0.5), 180, 2400))
+            gap += max(0.0, waits.get(end, end) - end)  # its retries fail until the storage is back
             lost = {node for kind, node, at, params in faults
                     if (when := loses_gpu(kind, at, params)) is not None and when <= end}
             start, members, number = end + gap, tuple(n for n in members if n not in lost), number + 1

@@ -24,15 +24,14 @@ import contextlib
 import json
 import logging
 import random
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from fleet.alertmanager import Inhibition, fingerprint, inhibitions, muted
 from fleet.harness import Firing
+from fleet.jobs import NODE_KILLS
 from fleet.simulate import Truth
 from gpunode_remediate.alerts import Alert, Notification
 from gpunode_remediate.engine import Engine
@@ -40,88 +39,23 @@ from gpunode_remediate.plan import NodeView, Step
 from gpunode_remediate.policy import Policy
 from gpunode_remediate.state import State
 
-ALERTMANAGER = Path(__file__).resolve().parent.parent / "alertmanager" / "alertmanager.yml"
 # The service runs this to reset a GPU. The replay never runs it; a policy without one holds a node
 # that wants a reset for a person instead (remediate/engine.py), so the replay configures one.
 SIMULATED_RESET = ("gpu-reset", "{node}", "{gpu}")
 POLICY = Policy(mode="enforce", reset_command=SIMULATED_RESET)  # every other key at its default
 
-# Faults whose node the service should take out of service: a lost GPU, memory that fails, a straggler.
+# Faults whose node the service should take out of service: a lost GPU, memory that fails, a straggler, and
+# every family of the node past its GPUs (fleet/kernel.py). A storage server's outage is no node's.
 NODE_ACTION = ("xid79_collapse", "uncorrectable_steps", "correctable_acceleration", "throttle", "nvlink_degraded",
-               "fabric_link", "pcie_downgrade", "host_starved")
-# Damage the simulator never repairs: the GPU stays lost, the remapped rows stay. Such a node counts as
-# faulty from its fault's window on to the end of the run.
-LASTING = ("xid79_collapse", "correctable_acceleration", "uncorrectable_steps")
+               "fabric_link", "pcie_downgrade", "host_starved", "nvswitch_fatal", "hung_tasks", "cpu_lockup",
+               "fs_readonly", "disk_errors", "memory_uncorrectable", "memory_ce_storm", "pcie_uncorrectable",
+               "nic_fault", "gpu_driver_fault")
+# Damage the simulator never repairs: the GPU stays lost, the remapped rows stay, a node fault that keeps
+# the node out of later attempts (fleet/jobs.py NODE_KILLS) stays, and so do a failing disk, DIMM or PCIe
+# link. Such a node counts as faulty from its fault's window on to the end of the run.
+LASTING = ("xid79_collapse", "correctable_acceleration", "uncorrectable_steps", *NODE_KILLS, "disk_errors",
+           "memory_ce_storm", "pcie_uncorrectable")
 TAKES = ("drain", "reboot", "hold")  # calls that take a node out of service
-
-
-def fingerprint(labels: dict[str, str]) -> str:
-    """Alertmanager's fingerprint of a label set: FNV-1a 64 over the sorted names and values."""
-    h = 0xCBF29CE484222325
-    for name in sorted(labels):
-        for part in (name, labels[name]):
-            for byte in [*part.encode(), 0xFF]:
-                h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return f"{h:016x}"
-
-
-# --- Alertmanager's inhibitions
-
-@dataclass(frozen=True)
-class Matcher:
-    name: str
-    op: str  # = != =~ !~
-    value: str
-
-    def matches(self, labels: dict[str, str]) -> bool:
-        got = labels.get(self.name, "")
-        if self.op in ("=", "!="):
-            return (got == self.value) == (self.op == "=")
-        return bool(re.fullmatch(self.value, got)) == (self.op == "=~")
-
-
-@dataclass(frozen=True)
-class Inhibition:
-    source: tuple[Matcher, ...]
-    target: tuple[Matcher, ...]
-    equal: tuple[str, ...]
-
-
-_MATCHER = re.compile(r'\s*([A-Za-z_]\w*)\s*(=~|!~|!=|=)\s*(?:"((?:[^"\\]|\\.)*)"|(\S*))\s*')
-
-
-def matcher(text: str) -> Matcher:
-    found = _MATCHER.fullmatch(text)
-    if found is None:
-        raise ValueError(f"not a matcher: {text!r}")
-    name, op, quoted, bare = found.groups()
-    return Matcher(name, op, bytes(quoted, "utf-8").decode("unicode_escape") if quoted is not None else bare)
-
-
-def inhibitions(path: Path = ALERTMANAGER) -> tuple[Inhibition, ...]:
-    """The inhibit_rules of an Alertmanager configuration (matcher lists only)."""
-    rules = yaml.safe_load(path.read_text()).get("inhibit_rules") or []
-    return tuple(Inhibition(tuple(matcher(m) for m in r.get("source_matchers", [])),
-                            tuple(matcher(m) for m in r.get("target_matchers", [])), tuple(r.get("equal", [])))
-                 for r in rules)
-
-
-def muted(labels: dict[str, str], active: Iterable[dict[str, str]], rules: Sequence[Inhibition]) -> bool:
-    """As Alertmanager's inhibitor: a firing source alert with the same `equal` labels mutes a target;
-    an alert matching both sides is not muted by a source that matches both too."""
-    active = list(active)
-    for rule in rules:
-        if not all(m.matches(labels) for m in rule.target):
-            continue
-        both = all(m.matches(labels) for m in rule.source)
-        for other in active:
-            if other is labels or not all(m.matches(other) for m in rule.source):
-                continue
-            if both and all(m.matches(other) for m in rule.target):
-                continue
-            if all(other.get(name, "") == labels.get(name, "") for name in rule.equal):
-                return True
-    return False
 
 
 # --- The simulated scheduler
@@ -414,6 +348,26 @@ def score(result: Replay, truth: Sequence[Truth], firing: Sequence[Firing] = (),
     return Outcome(tuple(outcomes), tuple(takes), hours, result.out_hours(), result.breaker, result.summary())
 
 
+@dataclass(frozen=True)
+class Outage:
+    server: str
+    onset: float
+    end: float  # an hour after the server's return (its truth's window)
+    taken: tuple[str, ...]  # nodes the service newly took out meanwhile, none of them for a fault of its own
+
+
+def storage_outages(result: Replay, truth: Sequence[Truth]) -> list[Outage]:
+    """For each storage server's outage, the nodes the service took out during it (it should take none)
+    that had no fault of their own in the truth then."""
+    out = []
+    for t in (t for t in truth if t.server):
+        taken = sorted({node for node, events in result.timeline.items() for e in events
+                        if e.new_drain and e.kind in TAKES and t.start <= e.at <= t.end
+                        and not _inside(e.at, _windows(truth, node, result.end))})
+        out.append(Outage(t.server, t.onset, t.end, tuple(taken)))
+    return out
+
+
 # --- The report
 
 def _when(t: float, start: float) -> str:
@@ -439,6 +393,21 @@ def fault_table(outcome: Outcome, start: float) -> list[str]:
         lines.append(f"| {f.kind} | {f.node} | {_when(f.onset, start)} | {'yes' if f.needs_action else 'no'} | "
                      f"{taken} | {_minutes(f.delay)} | {' -> '.join(f.actions) or '-'} | "
                      f"{', '.join(f.by) or '-'} | {', '.join(f.unruled) or '-'} |")
+    return lines
+
+
+def by_kind(outcome: Outcome) -> list[str]:
+    """The faults per kind: how many, how many taken out, minutes from the reference time, by which calls."""
+    lines = ["| fault | faults | taken out | minutes after the reference time | the service's first call (alert) |",
+             "|---|---|---|---|---|"]
+    for kind in dict.fromkeys(f.kind for f in sorted(outcome.faults, key=lambda f: f.kind)):
+        faults = [f for f in outcome.faults if f.kind == kind]
+        delays = sorted(f.delay for f in faults if f.delay is not None)
+        span = "-" if not delays else _minutes(delays[0]) if delays[0] == delays[-1] else \
+            f"{_minutes(delays[0])} to {_minutes(delays[-1])}"
+        calls = sorted({f"{f.actions[0]} ({', '.join(f.by)})" for f in faults if f.actions and f.by})
+        lines.append(f"| {kind} | {len(faults)} | {sum(f.taken is not None for f in faults)} | {span} | "
+                     f"{'; '.join(calls) or '-'} |")
     return lines
 
 
@@ -495,6 +464,22 @@ def section(name: str, backend: str, firing: list[Firing], truth: Sequence[Truth
                f"(of {outcome.out_hours:.1f} out of service in all).",
              "- Circuit breaker: " + (f"opened at {_when(outcome.breaker[0], start)} ({outcome.breaker[1]})"
                                       if outcome.breaker else "stayed closed") + "."]
+    outages = storage_outages(result, truth)
+    lines += [f"- Storage server `{o.server}` gone at {_when(o.onset, start)}: nodes taken out from then to an hour "
+              f"after its return: **{len(o.taken)}**" + (f" ({', '.join(o.taken)})" if o.taken else "") + "."
+              for o in outages]
+    unlimited = replace(policy, budget=replace(policy.budget, fraction=1.0, maximum=None, in_care=1.0))
+    free = replay(firing, nodes, unlimited, start, end, step) if outcome.breaker else None
+    if free is not None:  # faults at rates scaled past the budget: what the policy does with each, unbudgeted
+        freed = score(free, truth, firing, unlimited)
+        lines += ["", "The breaker opened, so the same alerts again with a budget of every node (budget fraction "
+                  "and in_care 1.0), the policy otherwise the same:", "", *by_kind(freed), "",
+                  f"- Faults that want node action isolated: **{freed.isolated[0]} of {freed.isolated[1]}**; nodes "
+                  f"taken out with no fault in the truth: **{len(freed.healthy_takes)}**; node-hours out of "
+                  f"service without a fault: **{freed.healthy_hours:.1f}** (of {freed.out_hours:.1f}).",
+                  *(f"- Storage server `{o.server}` gone at {_when(o.onset, start)}: nodes taken out from then to "
+                    f"an hour after its return: **{len(o.taken)}**" + (f" ({', '.join(o.taken)})" if o.taken else "")
+                    + "." for o in storage_outages(free, truth))]
     stormed = storm_runs(firing, truth, nodes, start, end, policy, step) if storms else []
     if stormed:
         lines += ["", f"A false-alert storm: a bad rule makes 30 % of the nodes fire GpuNodeHostStarved at "
@@ -514,7 +499,11 @@ def section(name: str, backend: str, firing: list[Firing], truth: Sequence[Truth
             "healthy_takes": [list(t) for t in outcome.healthy_takes], "healthy_hours": outcome.healthy_hours,
             "breaker": list(outcome.breaker) if outcome.breaker else None,
             "timeline": {n: [asdict(e) for e in events] for n, events in result.timeline.items()},
-            "storms": [asdict(r) for r in stormed]}
+            "storms": [asdict(r) for r in stormed], "outages": [asdict(o) for o in outages],
+            "unbudgeted": None if free is None else {
+                "faults": [{**asdict(f), "delay": f.delay} for f in freed.faults],
+                "outages": [asdict(o) for o in storage_outages(free, truth)],
+                "healthy_takes": [list(t) for t in freed.healthy_takes], "healthy_hours": freed.healthy_hours}}
     return "\n".join(lines) + "\n", data
 
 

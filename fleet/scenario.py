@@ -15,11 +15,14 @@ SHIPPED = Path(__file__).parent / "scenarios"
 # Fault kinds and what they model (docs/fleet.md).
 FAULTS = ("xid79_collapse", "getattr_spike", "uncorrectable_steps", "correctable_acceleration",
           "throttle", "nvlink_degraded", "fabric_link", "pcie_downgrade", "host_starved", "nfs_saturation",
-          "job_slowdown")
+          "job_slowdown",
+          # the kernel log past Xid (fleet/kernel.py), one per family, and a storage server all nodes lose
+          "nvswitch_fatal", "hung_tasks", "cpu_lockup", "fs_readonly", "disk_errors", "memory_uncorrectable",
+          "memory_ce_storm", "pcie_uncorrectable", "nic_fault", "gpu_driver_fault", "nfs_server_down")
 # Older names: a fail-slow node was a throttled GPU (its clock and power below its peers').
 ALIASES = {"failslow": "throttle"}
 DISTRACTORS = ("short_spike", "drain", "leave", "join", "known_slow", "gc_pauses", "pipeline_stage", "warm_room",
-               "power_cap_busy")
+               "power_cap_busy", "oom_kills", "memory_ce_trickle", "sxid_nonfatal")
 # Each cause's choices (docs/fleet.md).
 CHOICES = {"reason": ("thermal", "power_cap", "power_brake"), "fabric": ("infiniband", "roce")}
 # Persistent per-GPU differences, as a fraction of the level (the standard deviation of a GPU's offset).

@@ -34,12 +34,29 @@ DETECTS = {
     "host_starved": {"GpuNodeHostStarved"},
     "nfs_saturation": {"NfsSlotTableSaturated", "NfsSlotWaitDominates", "NfsBandwidthParadox"},
     "job_slowdown": {"GpuJobSlowedDown"},
+    # The kernel log past Xid (fleet/kernel.py): each family by its alert; a GSP timeout logged with its
+    # Xid 119 by the Xid's alert (the driver-fault alert then yields to it).
+    "nvswitch_fatal": {"GpuNvSwitchFatalError"},
+    "hung_tasks": {"GpuNodeHungTasks"},
+    "cpu_lockup": {"GpuNodeCpuLockup"},
+    "fs_readonly": {"GpuNodeFilesystemReadOnly"},
+    "disk_errors": {"GpuNodeDiskErrors"},
+    "memory_uncorrectable": {"GpuNodeMemoryUncorrectable"},
+    "memory_ce_storm": {"GpuNodeMemoryCorrectableRate"},
+    "pcie_uncorrectable": {"GpuNodePcieUncorrectable"},
+    "nic_fault": {"GpuNodeNicFault"},
+    "gpu_driver_fault": {"GpuNodeGpuDriverFault", "GpuXidHardwareFault"},
+    # A storage server (no node): by the alert that names it; its clients' own alerts are false.
+    "nfs_server_down": {"NfsServerNotResponding"},
 }
 # Alerts that a fault also sets off, which are right but not how we detect it (GpuDown after
 # the Xid 79, for instance): matched to the fault, not counted false.
 CONSEQUENCES = {"GpuDown", "GpuXidHardwareFault", "GpuXidApplicationFault", "GpuRowRemapPending",
                 "GpuXidRepeatedHardwareFaults", "GpuRecoveryActionRequired", "NfsSlotWaitDominates",
-                "NfsBandwidthParadox", "GpuJobSlowedDown", "GpuNodePrecursorMultiSignal"}
+                "NfsBandwidthParadox", "GpuJobSlowedDown", "GpuNodePrecursorMultiSignal",
+                # the filesystem error ext4 logs as it remounts read-only; the per-node warning of a server
+                # that stopped, which Alertmanager inhibits beneath the server's alert
+                "GpuNodeDiskErrors", "NfsServerNotRespondingOnNode"}
 
 
 @dataclass(frozen=True)
@@ -58,6 +75,11 @@ class ClassScore:
     @property
     def precision(self) -> float:
         return self.true_alerts / self.alerts if self.alerts else float("nan")
+
+    @property
+    def false_alerts(self) -> int:
+        """Episodes of this class's detecting alerts that matched no fault."""
+        return self.alerts - self.true_alerts
 
 
 @dataclass(frozen=True)
@@ -83,7 +105,10 @@ class Score:
 
 
 def _on(alert: Firing, fault: Truth) -> bool:
-    """The alert is about the fault's node, or (an alert of a whole job) a workload the fault slows."""
+    """The alert is about the fault's node, or (an alert of a whole job) a workload the fault slows, or
+    (a storage server's fault) names its server: an alert of a node that names no server is not on it."""
+    if fault.server:
+        return alert.labels.get("server") == fault.server
     if "instance" in alert.labels:
         return alert.labels["instance"] == fault.node
     return alert.labels.get("workload") in fault.workloads

@@ -19,14 +19,14 @@ from functools import cached_property
 
 import numpy as np
 
-from fleet import causes, jobs, nfs, physics
+from fleet import causes, jobs, kernel, nfs, physics
 from fleet.causes import GPUS, IB_PORTS, IB_RATE
 from fleet.jobs import Attempt
 from fleet.scenario import Event, Scenario
 from gpunode_exporter.nvmlsim.scenario import seconds
 
 SAVE_BYTES = 20.55e9  # per node and save (the Lablup B200 operations report)
-XID_ACTIONS = {79: "RESTART_BM", 145: "RESET_GPU", 94: "RESTART_APP"}
+XID_ACTIONS = {79: "RESTART_BM", 145: "RESET_GPU", 94: "RESTART_APP", 119: "RESET_GPU"}
 SYNCHRONOUS = ("training", "single")  # jobs whose nodes meet in a collective every step
 
 
@@ -47,6 +47,7 @@ class Truth:
     workloads: tuple[str, ...] = ()  # the workloads (as the rule pack labels them) this fault slows
     detail: str = ""  # for the report: the cause's variant, how much it slows the job, the job's size
     cause: str = ""  # a straggler's: the `cause` label its node's alert must carry (fleet/causes.py CAUSE)
+    server: str = ""  # a storage server's fault (no node): the `server` label of the alert about it
 
 
 def node_name(n: int) -> str:
@@ -75,7 +76,9 @@ class Fleet:
         self.s, self.start = scenario, start
         self.t = np.arange(0.0, scenario.duration, scenario.step)
         self.rng = np.random.default_rng(scenario.seed)
-        self.attempts = jobs.expand(scenario.jobs, [(f.kind, f.node, f.at, dict(f.params)) for f in scenario.faults],
+        # the job's own OOM kills end its attempt as a fault does (fleet/jobs.py)
+        ending = [*scenario.faults, *(d for d in scenario.distractors if d.kind == "oom_kills")]
+        self.attempts = jobs.expand(scenario.jobs, [(f.kind, f.node, f.at, dict(f.params)) for f in ending],
                                     scenario.seed)
         # The room warms in the afternoon and every GPU clocks a little lower (heat moves a job's throughput
         # 1-2 % over the day: the Llama 3 report, 3.3.4).
@@ -120,13 +123,16 @@ class Fleet:
                 end = f.at + 3600 + max(seconds(x, "steps") for x in f.param("steps", [0, 7200, 18000]))
             elif f.kind in (*causes.CULPRIT_CAUSES, "job_slowdown"):
                 start, end = f.at, f.at + f.duration("lasts", self.s.duration)
+            elif f.kind in jobs.STORAGE_KILLS:  # from the server's stop to an hour after its return
+                start, end = f.at, f.at + f.duration("lasts", 1800) + 3600
             slowed = tuple(sorted({workload_label(a) for a in self.attempts if a.job.kind in SYNCHRONOUS
                                    and f.node in a.nodes and a.start < end and a.end > start}))
             if f.kind not in (*causes.CULPRIT_CAUSES, "job_slowdown"):
                 slowed = ()
-            out.append(Truth(f.kind, "" if f.kind == "job_slowdown" else node_name(f.node), self.start + onset,
-                             self.start + start, self.start + end, slowed, self._detail(f),
-                             causes.cause(f) if f.kind in causes.CULPRIT_CAUSES else ""))
+            server = str(f.param("server", kernel.NFS_SERVER)) if f.kind in jobs.STORAGE_KILLS else ""
+            out.append(Truth(f.kind, "" if f.kind == "job_slowdown" or server else node_name(f.node),
+                             self.start + onset, self.start + start, self.start + end, slowed, self._detail(f),
+                             causes.cause(f) if f.kind in causes.CULPRIT_CAUSES else "", server))
         if nfs.saturates_loads(self.s.storage):  # each load fills the slot table: NfsSlotTableSaturated is right
             out += [Truth("nfs_saturation", node_name(n), self.start + a.start, self.start + a.start - 3600,
                           self.start + a.start + min(a.job.load, a.end - a.start) + 3600)
@@ -266,7 +272,7 @@ class Fleet:
         self.rng = np.random.default_rng((self.s.seed, n))  # the same series however the fleet is chunked
         extra = np.random.default_rng((self.s.seed, n, 1))  # draws the older scenarios did not make
         s, t = self.s, self.t
-        faults = [f for f in s.faults if f.node == n]
+        faults = [f for f in s.faults if f.node == n and f.kind not in jobs.STORAGE_KILLS]
         own, m, present, drained = self._own(n)
         job_step, stall = self._pace[0][n], self._pace[1][n]
         training = m["training"] | m["single"]  # a training job's processes run (loading, stepping or saving)
@@ -411,7 +417,9 @@ class Fleet:
         yield emit("gpunode_kmsg_records_lost_total", "gpunode", ones * 0)
         if n not in self.s.no_save_clock:
             yield emit("gpunode_checkpoint_save_seconds_total", "gpunode", m["save_clock"])
-        xids: dict[tuple[int, int], np.ndarray] = {}
+        klog = kernel.build(t, n, self.s.seed, faults, [d for d in self.s.distractors if d.node == n],
+                            [f for f in self.s.faults if f.kind in jobs.STORAGE_KILLS])
+        xids: dict[tuple[int, int], np.ndarray] = dict(klog.xids)
         for g in range(GPUS):
             uuid = f"GPU-{n:08x}-0000-0000-0000-{g:012x}"
             gl = {"gpu": str(g), "uuid": uuid}
@@ -468,6 +476,21 @@ class Fleet:
             yield emit("gpunode_xid_last_event_timestamp_seconds", "gpunode", np.where(shown, last, np.nan), **xl)
         yield from self._nfs(faults, emit, client)
         yield from self._roce(emit, own, save)
+        yield from self._kernel(klog, emit)
+
+    def _kernel(self, klog: kernel.KernelLog, emit) -> Iterator[Series]:
+        """The kernel log past Xid as the exporter serves it (fleet/kernel.py)."""
+        for (kind, device), times in sorted(klog.events.items()):
+            count, last = kernel.series(self.t, self.start, times)
+            yield emit("gpunode_kernel_events_total", "gpunode", count, kind=kind, device=device)
+            yield emit("gpunode_kernel_event_last_timestamp_seconds", "gpunode", last, kind=kind, device=device)
+        for (switch, bus, sxid, severity), times in sorted(klog.sxids.items()):
+            count, last = kernel.series(self.t, self.start, times)
+            labels = {"switch": switch, "pci_bus_id": bus, "sxid": sxid, "severity": severity}
+            yield emit("gpunode_sxid_errors_total", "gpunode", count, **labels)
+            yield emit("gpunode_sxid_last_event_timestamp_seconds", "gpunode", last, **labels)
+        for server, responding in sorted(klog.nfs_responding.items()):
+            yield emit("gpunode_nfs_server_responding", "gpunode", responding, server=server)
 
     def _saturated(self, faults: list[Event]) -> np.ndarray:
         out = np.zeros(self.t.size, bool)
@@ -479,7 +502,7 @@ class Fleet:
     def _nfs(self, faults: list[Event], emit, client: nfs.Client) -> Iterator[Series]:
         """The NFS client's counters (fleet/nfs.py), a GETATTR spike's slow server on top."""
         t = self.t
-        mount = {"mountpoint": "/ckpt", "export": "nas:/ckpt"}
+        mount = {"mountpoint": "/ckpt", "export": kernel.NFS_EXPORT}
         getattr_ms = 0.6 * self._noise(0.05)
         for f in faults:
             if f.kind == "getattr_spike":

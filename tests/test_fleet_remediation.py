@@ -11,8 +11,9 @@ import pytest
 
 import fleet.__main__ as fleet_main
 from fleet import harness, remediation
+from fleet.alertmanager import Matcher, fingerprint, inhibitions, matcher, muted
 from fleet.harness import Firing
-from fleet.remediation import POLICY, inhibitions, matcher, muted, replay, score, storm
+from fleet.remediation import POLICY, replay, score, storm
 from fleet.simulate import Truth
 from gpunode_remediate.policy import Budget
 
@@ -150,8 +151,8 @@ def test_the_budget_counts_distinct_nodes_per_window_and_the_breaker_stays_open(
 
 
 def test_alertmanager_matchers_and_inhibitions() -> None:
-    assert matcher('alertname=~"A|B"') == remediation.Matcher("alertname", "=~", "A|B")
-    assert matcher("alertname!=GpuDown") == remediation.Matcher("alertname", "!=", "GpuDown")
+    assert matcher('alertname=~"A|B"') == Matcher("alertname", "=~", "A|B")
+    assert matcher("alertname!=GpuDown") == Matcher("alertname", "!=", "GpuDown")
     rules = inhibitions()
     down = {"alertname": "GpuDown", "instance": "gpu001", "gpu": "3"}
     xid3 = {"alertname": "GpuXidHardwareFault", "instance": "gpu001", "gpu": "3", "action": "RESTART_BM"}
@@ -164,10 +165,10 @@ def test_alertmanager_matchers_and_inhibitions() -> None:
 
 
 def test_fingerprint_is_alertmanagers_fnv1a_over_sorted_labels() -> None:
-    assert remediation.fingerprint({}) == "cbf29ce484222325"  # FNV-1a 64's offset basis: nothing hashed
-    a = remediation.fingerprint({"alertname": "GpuDown", "instance": "gpu001", "gpu": "3"})
-    assert a == remediation.fingerprint({"gpu": "3", "instance": "gpu001", "alertname": "GpuDown"})
-    assert a != remediation.fingerprint({"alertname": "GpuDown", "instance": "gpu001", "gpu": "4"})
+    assert fingerprint({}) == "cbf29ce484222325"  # FNV-1a 64's offset basis: nothing hashed
+    a = fingerprint({"alertname": "GpuDown", "instance": "gpu001", "gpu": "3"})
+    assert a == fingerprint({"gpu": "3", "instance": "gpu001", "alertname": "GpuDown"})
+    assert a != fingerprint({"alertname": "GpuDown", "instance": "gpu001", "gpu": "4"})
     assert len(a) == 16 and int(a, 16) >= 0
 
 
