@@ -137,6 +137,7 @@ def _environment(spec: dict[str, Any], target: str) -> jinja2.Environment:
                        PEER_WORKLOAD=PEER_WORKLOAD,
                        node=spec["labels"]["node"], peer=", ".join(peer_key(spec)),
                        label_peer=", ".join(spec["labels"]["peer_group"]))  # checkpoint, NFS: no workload join
+    env.globals["events"] = events
     env.filters["duration"] = duration
     env.filters["window"] = lambda seconds: f"[{duration(seconds)}]"  # a range selector's [5m]
     return env
@@ -154,6 +155,14 @@ def duration(seconds: float) -> str:
         if seconds % size == 0 and seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+def events(counter: str, window: str) -> str:
+    """Events a counter counted over `window` (a PromQL duration): its rise, or all of it where the
+    series was born inside the window (increase() misses a new series' first events, and a kernel
+    event is most often the first of its series) or the counter restarted (a reboot starts the
+    node's counts again)."""
+    return f"({counter} - {counter} offset {window} >= 0 or {counter})"
 
 
 def render(spec: dict[str, Any], target: str = "prometheus") -> dict[str, str]:

@@ -24,6 +24,7 @@ from grafana_foundation_sdk.models.common import (
 from grafana_foundation_sdk.models.heatmap import HeatmapColorMode
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from gpunode_rulepack import events as events  # the panels' event counts are the rules'
 from gpunode_rulepack import selector
 from gpunode_rulepack.dashboards.grafana import expand as expand  # where tests/test_demo.py imports it from
 from gpunode_rulepack.dashboards.promql import EXPORTERS, Lineage, exporter_of
@@ -197,12 +198,6 @@ def phases(panel: Builder[Any]) -> Builder[Any]:
     """A panel of the phase recording, its values shown as their names."""
     return named_values(panel, PHASES)
 
-
-def events(counter: str, window: str) -> str:
-    """Events a counter counted over `window`, a series born inside it counting whole: increase()
-    misses a new series' first events, and a kernel event is most often the first of its series.
-    A counter that dropped (its state file lost) counts 0 there."""
-    return f"(clamp_min({counter} - {counter} offset {window}, 0) or ({counter} unless {counter} offset {window}))"
 
 
 def to_node(panel: Builder[Any], node_label: str, node_uid: str) -> Builder[Any]:
