@@ -116,6 +116,7 @@ PREFIXES = {
     "exporter": ("GpuNode",),
     "nfs": ("Nfs",),
     "kernel": ("GpuNode", "GpuNvSwitch"),
+    "fabric": ("GpuNode", "GpuFabric"),
     "checkpoint": ("Checkpoint",),
     "remediate": ("GpuRemediation", "GpuJob"),
 }
