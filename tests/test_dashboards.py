@@ -169,8 +169,7 @@ def test_every_query_parses_and_ranges_are_rate_interval_or_spec_windows(uid: st
     board = BOARDS[uid]
     remap = SPEC["remap"]
     windows = {"$__rate_interval", *(gpunode_rulepack.duration(remap[k]) for k in
-                                     ("acceleration_short_window", "acceleration_long_window")),
-               gpunode_rulepack.duration(SPEC["fabric"]["rate_lookback"])}
+                                     ("acceleration_short_window", "acceleration_long_window"))}
     for query in dashboards.panel_queries(board):
         expr = dashboards.expand(query.expr, one_value_each(board), "1m", range_=GRAFANA_RANGE, dashboard=board)
         assert not re.search(r"\$(?!\d)", expr), expr  # every variable expanded ($1: label_replace's group)
@@ -341,6 +340,7 @@ def test_fabric_panels_show_ports_and_fabrics_in_prometheus(tmp_path: Path) -> N
     ports = {("n1", "mlx5_0"): ("4x60", "5x60", "50000000000x60", "0x30 1x10 2x10 3x10"),  # flaps, up
              ("n1", "mlx5_1"): ("4x49 1x11", "5x49 2x11", "50000000000x60", "0x49 1x11"),  # down at 50m
              ("n2", "mlx5_0"): ("4x60", "5x60", "50000000000x29 25000000000x31", "255x60")}  # trained down
+    adapter = 'instance="n2", device="mlx5_0", port="1", hca_type="MT4129", board_id="MT_0000000838"'
     series = [
         *(_series(metric, node, values, job="node", device=device, port="1")
           for (node, device), port_values in ports.items()
@@ -348,6 +348,11 @@ def test_fabric_panels_show_ports_and_fabrics_in_prometheus(tmp_path: Path) -> N
         *({"series": f'{flaps}{{instance="{node}", device="{device}", port="1"}}', "values": values}
           for node, device, values in (("n1", "mlx5_0", "0x30 1x10 2x10 3x10"), ("n1", "mlx5_1", "0x49 1x11"),
                                        ("n2", "mlx5_0", "4x60"))),  # n2: its netdev's carrier counted them
+        # the rules' view of n2's rate: while ACTIVE, its highest, and its adapters' median over the fleet
+        {"series": f'gpunode:fabric_port_rate_bytes:active{{{adapter}}}', "values": "50000000000x29 25000000000x31"},
+        {"series": f'gpunode:fabric_port_rate_bytes:max1d{{{adapter}}}', "values": "50000000000x60"},
+        {"series": 'gpunode:fabric_port_rate_bytes:peer_median{hca_type="MT4129", board_id="MT_0000000838"}',
+         "values": "50000000000x60"},
         *(_series("gpunode_rdma_port_info", node, "1x60", device=device, port="1", netdev=netdev,
                   link_layer="InfiniBand", pci_address=pci)
           for node, device, netdev, pci in (("n1", "mlx5_0", "ib0", "0000:18:00.0"),
@@ -388,11 +393,12 @@ def test_fabric_panels_show_ports_and_fabrics_in_prometheus(tmp_path: Path) -> N
          samples(**{f"__name__={state};job=node;{n1}": 4, f"__name__={state};job=node;{n1_down}": 1})),
         (expr(node, "RDMA ports: state and physical state", "B", node="n1"), "60m",
          samples(**{f"__name__={phys};job=node;{n1}": 5, f"__name__={phys};job=node;{n1_down}": 2})),
-        # n2 trained down at 30m: below the highest it had
-        (expr(node, f"RDMA port rate against its highest over {SPEC_LOOKBACK}", node="n2"), "60m",
-         samples(**{f"__name__={rate};job=node;{n2}": 25e9})),
-        (expr(node, f"RDMA port rate against its highest over {SPEC_LOOKBACK}", "B", node="n2"), "60m",
-         samples(**{f"job=node;{n2}": 50e9})),
+        # n2 trained down at 30m: below the highest it had, and below its peers
+        *((expr(node, f"RDMA port rate against its highest over {SPEC_LOOKBACK} and its peers", ref, node="n2"),
+           "60m", samples(**{labels: value})) for ref, labels, value in (
+            ("A", f"__name__={rate};job=node;{n2}", 25e9),
+            ("B", f"__name__=gpunode:fabric_port_rate_bytes:max1d;{n2};hca_type=MT4129;board_id=MT_0000000838", 50e9),
+            ("C", n2, 50e9))),
         (expr(node, f"RDMA port flaps over {SPEC_FLAPS}", node="n1"), "60m",
          samples(**{f"__name__={flaps};{n1}": 3, f"__name__={flaps};{n1_down}": 1})),
         (expr(node, f"RDMA port flaps over {SPEC_FLAPS}", "B", node="n2"), "60m",

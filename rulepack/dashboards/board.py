@@ -53,6 +53,7 @@ NFS_SILENT = "an NFS server the kernel reported not responding"
 # node_exporter reads the host's sysfs: ports only where the host has RDMA devices.
 RDMA_PORTS = "an RDMA port node_exporter's infiniband collector sees (InfiniBand or RoCE)"
 GPU_FABRIC = "GPUs on an NVLink fabric (NVSwitch systems: HGX and DGX H100 and later)"
+PEER_ADAPTERS = "RDMA adapters of one model (hca_type, board_id) on at least fabric.peer_min_nodes nodes"
 PORTS_EXPECTED = "fabric.ports_expected set in the exporter's configuration"
 NVSWITCHES_EXPECTED = "gpu.nvswitches_expected set in the exporter's configuration"
 PORT_ALERTS = "a fabric port alert firing (GpuNodeFabricPortDown, ...Flapping, ...Degraded)"

@@ -14,6 +14,7 @@ from gpunode_rulepack.dashboards.board import (
     NFS_MOUNT,
     NFS_SILENT,
     NVSWITCHES_EXPECTED,
+    PEER_ADAPTERS,
     PFC,
     PHYSICAL_STATES,
     PORT_STATES,
@@ -33,6 +34,7 @@ from gpunode_rulepack.dashboards.board import (
 )
 
 UID = "gpunode-node"  # the cluster dashboard links here
+PEER_RATE = "gpunode:fabric_port_rate_bytes:peer_median"  # per adapter model (hca_type, board_id), fleet-wide
 
 
 def build(b: Board) -> None:
@@ -237,14 +239,19 @@ def fabric(b: Board) -> None:
             [Query(port("node_infiniband_state_id"), legend, names=PORT_STATES),
              Query(port("node_infiniband_physical_state_id"), f"physical {legend}", names=PHYSICAL_STATES)],
             needs=(RDMA_PORTS,))
-    b.panel(time_series(), f"RDMA port rate against its highest over {lookback}",
-            "Each port's link rate as trained (400 Gb/s: 50 GB/s), and the highest it had over "
-            f"fabric.rate_lookback. An ACTIVE port below it (trained down after a reseat, a bad cable or "
-            f"transceiver) for {duration(spec['degraded_for'])} fires GpuNodeFabricPortDegraded, as does one "
-            "below the median of the same adapters' ports on other nodes.", "Bps",
+    # What GpuNodeFabricPortDegraded compares: the rate while ACTIVE, its highest within the lookback, and
+    # the median of the same adapters' ports across the fleet (a fleet-wide series: no node to select).
+    active = b.rec("gpunode:fabric_port_rate_bytes:active", *ports)
+    peers = f"max by ({node}, device, port) (0 * {active} + on (hca_type, board_id) group_left () {PEER_RATE})"
+    b.panel(time_series(), f"RDMA port rate against its highest over {lookback} and its peers",
+            "Each port's link rate as trained (400 Gb/s: 50 GB/s); while ACTIVE, the highest it had within "
+            "fabric.rate_lookback, and the median of the ACTIVE ports of the same adapters (hca_type, board_id) "
+            f"on other nodes, where {spec['peer_min_nodes']} nodes or more have them. An ACTIVE port below either "
+            "(trained down after a reseat, a dirty connector, a bad lane) for "
+            f"{duration(spec['degraded_for'])} fires GpuNodeFabricPortDegraded.", "Bps",
             [Query(port("node_infiniband_rate_bytes_per_second"), legend),
-             Query(f"max_over_time({port('node_infiniband_rate_bytes_per_second')}[{lookback}])",
-                   f"highest {legend}")], needs=(RDMA_PORTS,))
+             Query(b.rec("gpunode:fabric_port_rate_bytes:max", *ports), f"highest {legend}"),
+             Query(peers, f"peer median {legend}")], needs=(RDMA_PORTS, PEER_ADAPTERS))
     b.panel(time_series(), f"RDMA port flaps over {window}",
             f"Per port, the most down-events any one source counted over {window} (fabric.flap_window): the "
             "HCA's link_downed counter, carrier down changes and the kernel's link-down lines of its netdev. "
