@@ -46,8 +46,7 @@ GRAFANA_RANGE = "1h"
 EXTERNAL = {name for group in yaml.safe_load((ROOT / "rules" / "external-metrics.yaml").read_text()).values()
             for name in group} | {"node_memory_Dirty_bytes", "node_memory_Writeback_bytes",
                                   "node_filesystem_size_bytes", "node_filesystem_avail_bytes",
-                                  "node_infiniband_state_id", "node_infiniband_physical_state_id",
-                                  "node_infiniband_link_downed_total"}
+                                  "node_infiniband_physical_state_id"}
 # The remediation service's metrics (remediate/metrics.py), declared as the exporter's are.
 REMEDIATE_METRICS = [s for s in vars(remediate_metrics).values() if isinstance(s, MetricSpec)]
 # The fabric panels' titles name the spec's windows.
