@@ -318,7 +318,7 @@ def test_disk_errors_hold_the_node_and_its_failed_job_runs_again_without_it(
     info = job.wait("done", lambda j: j["JobState"] == "COMPLETED")
     assert info["ExcNodeList"] == nodes[1] and info["Restarts"] == "1"
     assert info["AdminComment"].startswith("gpunode: node_fault attempt 1: node fault: requeued without "
-                                           f"{nodes[1]} (GpuNodeDiskErrors on {nodes[1]})")
+                                           f"{nodes[1]} (GpuNodeDiskErrors device=nvme0n1 on {nodes[1]})")
     assert requeues(svc) == {"node_fault": 1}
     assert "DRAIN" in flags(cluster.node(nodes[1]))  # held for a person: never returned by the service
 
