@@ -85,9 +85,10 @@ def _gpus(gpus: list[str]) -> str:
 
 def fabric_trouble(exposition: str) -> str | None:
     """What of the node's NVLink fabric is not complete, from its exporter's metrics: a GPU whose
-    fabric state is short of completed or whose fabric is unhealthy, fewer NVSwitches on the PCI bus
-    than expected. None when complete, or when the exporter serves no fabric metric (no NVSwitch:
-    a PCIe or NVL-bridge node; or a driver without the fabric calls)."""
+    fabric state is short of completed or whose fabric is unhealthy (a GPU short of completed is not
+    called unhealthy too), fewer NVSwitches on the PCI bus than expected. None when complete, or when
+    the exporter serves no fabric metric (no NVSwitch: a PCIe or NVL-bridge node; or a driver without
+    the fabric calls)."""
     short: dict[float, list[str]] = {}
     unhealthy: list[str] = []
     expected = visible = None
@@ -102,6 +103,8 @@ def fabric_trouble(exposition: str) -> str | None:
             visible = number
     parts = [f"GPU {_gpus(gpus)} fabric {_FABRIC_STATES.get(int(state), f'state {state:g}')}"
              for state, gpus in sorted(short.items())]
+    # A fabric not yet completed is not healthy either: said once, by its state.
+    unhealthy = [gpu for gpu in unhealthy if not any(gpu in gpus for gpus in short.values())]
     if unhealthy:
         parts.append(f"GPU {_gpus(unhealthy)} fabric unhealthy")
     if expected is not None and visible is not None and visible < expected:

@@ -50,6 +50,8 @@ def exposition(states: dict[int, int] | None = None, unhealthy: tuple[int, ...] 
     (exposition({6: 0}), "GPU 6 fabric state 0"),
     (exposition({g: 2 for g in range(GPUS)}), "GPU 0,1,2,3,4,5,6,7 fabric in progress"),
     (exposition(unhealthy=(3,)), "GPU 3 fabric unhealthy"),
+    (exposition({3: 2, 4: 1}, unhealthy=(3, 4, 5)), "GPU 4 fabric not started; GPU 3 fabric in progress; "
+     "GPU 5 fabric unhealthy"),  # as the exporter says it: healthy 0 until completed
     (exposition(switches=3), "3 of 4 NVSwitches on the PCI bus"),
     (exposition({2: 2}, unhealthy=(7,), switches=3),
      "GPU 2 fabric in progress; GPU 7 fabric unhealthy; 3 of 4 NVSwitches on the PCI bus"),

@@ -369,8 +369,8 @@ def test_a_fabric_port_down_or_flapping_holds_its_node_and_the_failed_job_runs_a
     send(svc, alert_json("GpuNodeFabricPortDown", down_nodes[1], device="mlx5_3", port="1", starts=time.time()),
          alert_json("GpuNodeFabricPortFlapping", flap_nodes[0], severity="warning", device="mlx5_0", port="1",
                     starts=time.time()))
-    for job, nodes, bad, alert, device in ((down, down_nodes, down_nodes[1], "GpuNodeFabricPortDown", "mlx5_3"),
-                                           (flap, flap_nodes, flap_nodes[0], "GpuNodeFabricPortFlapping", "mlx5_0")):
+    for job, bad, alert, device in ((down, down_nodes[1], "GpuNodeFabricPortDown", "mlx5_3"),
+                                    (flap, flap_nodes[0], "GpuNodeFabricPortFlapping", "mlx5_0")):
         node = cluster.wait_state(bad, lambda n: "DRAIN" in flags(n))
         assert node["Reason"] == f"gpunode: hold {alert} device={device} port=1"
         again = job.running(1)
