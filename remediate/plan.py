@@ -341,19 +341,19 @@ def _outlived(policy: Policy, node: str, view: NodeView, record: Record, alerts:
     # done, one look after the boot) where the scheduler does not say. A reset: the record's `since`, when
     # this service ran reset_command.
     done = view.started if cure == "reboot" and view.started > 0 else record.since
-    again = sorted((a for a in alerts if a.starts_at > done and (rule := policy.action(a.labels)) is not None
-                    and rule.action == cure), key=lambda a: (a.starts_at, a.name))
+    again = sorted(((a, rule) for a in alerts if a.starts_at > done
+                    and (rule := policy.action(a.labels)) is not None and rule.action == cure),
+                   key=lambda pair: (pair[0].starts_at, pair[0].name))
     if not again:
         return None
-    first = again[0]
-    rule = policy.action(first.labels)
+    first, rule = again[0]
     details = [f"{k}={first.labels[k]}" for k in DETAILS if first.labels.get(k)]
-    why = f"{first.name} fired again after its {cure}: {rule.why if rule else ''}".rstrip(": ")
-    gpus = set(record.gpus) | {a.labels["gpu"] for a in again if a.labels.get("gpu")}
-    return Step(node, "hold", why, phase="held", action="hold",
-                reason=" ".join([MARKER, "hold", first.name, *details, why.removeprefix(first.name).lstrip()])[:200],
+    after = f"fired again after its {cure}" + (f": {rule.why}" if rule.why else "")
+    gpus = set(record.gpus) | {a.labels["gpu"] for a, _ in again if a.labels.get("gpu")}
+    return Step(node, "hold", f"{first.name} {after}", phase="held", action="hold",
+                reason=" ".join([MARKER, "hold", first.name, *details, after])[:200],
                 gpus=tuple(sorted(gpus, key=lambda g: (len(g), g))),
-                fingerprints=tuple(sorted(a.fingerprint for a in again)))
+                fingerprints=tuple(sorted(a.fingerprint for a, _ in again)))
 
 
 def _hold(node: str, record: Record, why: str) -> Step:
