@@ -329,7 +329,7 @@ _CURED = {"rebooted": "reboot", "reset_done": "reset"}  # phase -> the cure the 
 
 def _outlived(policy: Policy, node: str, view: NodeView, record: Record, alerts: Sequence[Alert]) -> Step | None:
     """A node rebooted (reset) on which an alert that asks for a reboot (reset) began after the cure: the
-    fault outlived it (a fabric that never comes up, remaps still pending), so a person looks. An alert
+    fault outlived it (a fabric that never comes up, rows pending remap again), so a person looks. An alert
     that began before is the old fault Alertmanager has not resolved yet and does not count; nor does one
     that never stopped firing across the cure (it cannot be told from such a late resolution)."""
     cure = _CURED.get(record.phase)

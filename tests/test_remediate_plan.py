@@ -274,7 +274,7 @@ def test_the_reboot_is_dated_by_the_boot_or_else_by_when_the_service_saw_it() ->
 
 
 def test_a_reset_alert_that_fires_again_after_the_reset_holds_the_node() -> None:
-    """Remaps still pending after the reset that should have applied them: the GPU needs a person."""
+    """Rows pending remap again after the reset that applied the last ones: the GPU needs a person."""
     pending = alert("GpuRowRemapPending", "gpu005", 100.0, gpu="2")
     view = idle(gpu005=ours("gpu005", "reset"))
     done = {"gpu005": Record("gpu005", "reset_done", "reset", "x", 950.0, ("2",))}
