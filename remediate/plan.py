@@ -7,7 +7,8 @@ A node moves through phases kept in the state file:
   reset_wait   drained; its GPUs are reset once no job runs on it, then reset_done
   reboot_wait  the scheduler reboots it once idle and keeps it down, then rebooting, then rebooted
   reset_done, rebooted   return when resolved for the quiet period, its exporter sees every GPU and its
-               NVLink fabric is complete (held when the fabric is not within fabric_wait)
+               NVLink fabric is complete (held when the fabric is not within fabric_wait); held when an
+               alert asking for the same cure begins after it (the fault outlived the reset or reboot)
   held         waits for a person, who resumes it in the scheduler; never returned automatically
 No wait is endless: jobs that do not end within idle_timeout, a reboot not complete within
 reboot_timeout, or an NVLink fabric not complete within fabric_wait hold the node for a person.
@@ -204,7 +205,7 @@ def plan(now: float, policy: Policy, views: Mapping[str, NodeView], firing: Mapp
             steps.append(step)
         else:
             steps.extend(_follow(now, policy, node, want, view, record, history, last_resolved.get(node),
-                                 returns_rebooted))
+                                 returns_rebooted, firing.get(node, ())))
     return steps
 
 
@@ -257,7 +258,8 @@ def _adopt(node: str, view: NodeView, want: Wanted | None) -> Step:
 
 
 def _follow(now: float, policy: Policy, node: str, want: Wanted | None, view: NodeView | None,
-            record: Record, history: History, resolved_at: float | None, returns_rebooted: bool) -> list[Step]:
+            record: Record, history: History, resolved_at: float | None, returns_rebooted: bool,
+            alerts: Sequence[Alert] = ()) -> list[Step]:
     """A node in this service's care."""
     fp = want.fingerprints if want else ()
     if view is None:
@@ -288,6 +290,9 @@ def _follow(now: float, policy: Policy, node: str, want: Wanted | None, view: No
         if record.phase == "drained":  # drain -> reset
             return [Step(node, "note", want.why, phase="reset_wait", action="reset",
                          gpus=tuple(sorted(set(record.gpus) | set(want.gpus))), fingerprints=fp)]
+    outlived = _outlived(policy, node, view, record, alerts)
+    if outlived is not None:
+        return [outlived]
     waited = now - record.since
     if record.phase in ("reset_wait", "reboot_wait") and view.busy:
         if waited > policy.idle_timeout:
@@ -317,6 +322,38 @@ def _follow(now: float, policy: Policy, node: str, want: Wanted | None, view: No
                          action=record.action, gpus=record.gpus,
                          health=RETURNING[record.phase] and policy.health_check.enabled)]
     return steps
+
+
+_CURED = {"rebooted": "reboot", "reset_done": "reset"}  # phase -> the cure the node has had
+
+
+def _outlived(policy: Policy, node: str, view: NodeView, record: Record, alerts: Sequence[Alert]) -> Step | None:
+    """A node rebooted (reset) on which an alert that asks for a reboot (reset) began after the cure: the
+    fault outlived it (a fabric that never comes up, rows pending remap again), so a person looks. An alert
+    that began before is the old fault Alertmanager has not resolved yet and does not count; nor does one
+    that never stopped firing across the cure (it cannot be told from such a late resolution)."""
+    cure = _CURED.get(record.phase)
+    if cure is None or record.action != cure:
+        return None
+    # When the cure was done. A reboot: the boot itself, the node daemon's start (view.started), which is
+    # also right for a record adopted after a restart of this service or taken back from the scheduler's
+    # return (their `since` is later than the boot); the record's `since` (when this service saw the reboot
+    # done, one look after the boot) where the scheduler does not say. A reset: the record's `since`, when
+    # this service ran reset_command.
+    done = view.started if cure == "reboot" and view.started > 0 else record.since
+    again = sorted(((a, rule) for a in alerts if a.starts_at > done
+                    and (rule := policy.action(a.labels)) is not None and rule.action == cure),
+                   key=lambda pair: (pair[0].starts_at, pair[0].name))
+    if not again:
+        return None
+    first, rule = again[0]
+    details = [f"{k}={first.labels[k]}" for k in DETAILS if first.labels.get(k)]
+    after = f"fired again after its {cure}" + (f": {rule.why}" if rule.why else "")
+    gpus = set(record.gpus) | {a.labels["gpu"] for a, _ in again if a.labels.get("gpu")}
+    return Step(node, "hold", f"{first.name} {after}", phase="held", action="hold",
+                reason=" ".join([MARKER, "hold", first.name, *details, after])[:200],
+                gpus=tuple(sorted(gpus, key=lambda g: (len(g), g))),
+                fingerprints=tuple(sorted(a.fingerprint for a, _ in again)))
 
 
 def _hold(node: str, record: Record, why: str) -> Step:

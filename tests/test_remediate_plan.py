@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpunode_remediate.alerts import Alert
 from gpunode_remediate.plan import MARKER, History, NodeView, Record, Step, counted, plan
 from gpunode_remediate.policy import build
 from tests.remediation import alert
@@ -234,3 +235,55 @@ def test_a_node_the_scheduler_returns_after_its_reboot_is_taken_back_and_a_perso
     assert [s.kind for s in steps([], returned, done)] == ["release"]
     [step] = plan(1000.0, POLICY, returned, {}, {}, done, History(), returns_rebooted=True)
     assert (step.kind, step.phase) == ("drain", "rebooted")
+
+
+def fabric(starts: float, gpu: str = "0") -> Alert:
+    return alert("GpuFabricNotReady", "gpu003", starts, cause="not_started", gpu=gpu, uuid=f"GPU-{gpu}")
+
+
+def test_a_reboot_alert_that_fires_again_after_the_reboot_holds_the_node_one_from_before_does_not() -> None:
+    """Rebooted at 600 (its slurmd started then; the service saw it at 615): an alert from before the
+    reboot that Alertmanager has not resolved yet waits; the fabric alert again 5 min after the boot holds."""
+    view = idle(gpu003=NodeView("gpu003", "down", frozenset({"drain"}), f"{MARKER} reboot X", started=600.0))
+    done = {"gpu003": Record("gpu003", "rebooted", "reboot", "x", 615.0)}
+    assert steps([fabric(300.0)], view, done, now=700.0) == []  # stale: began before the reboot
+    assert steps([fabric(300.0), fabric(320.0, "1")], view, done, now=5000.0) == []  # still only stale ones
+    [step] = steps([fabric(300.0), fabric(910.0, "5")], view, done, now=920.0)
+    assert (step.kind, step.phase, step.action, step.gpus) == ("hold", "held", "hold", ("5",))
+    assert step.reason == ("gpunode: hold GpuFabricNotReady cause=not_started gpu=5 fired again after its reboot: "
+                           "the NVLink fabric is not ready: a reboot brings it up")
+    assert step.why.startswith("GpuFabricNotReady fired again after its reboot")
+    # Another reboot fault after the reboot holds as well; a weaker alert (a drain) waits for its quiet period.
+    [xid] = steps([xid79(starts=700.0)], view, done, now=720.0)
+    assert xid.kind == "hold" and "GpuXidHardwareFault xid=79" in xid.reason
+    throttled = alert("GpuNodeClockThrottled", "gpu003", 700.0, gpu="1")
+    assert steps([throttled], view, done, now=720.0) == []
+
+
+def test_the_reboot_is_dated_by_the_boot_or_else_by_when_the_service_saw_it() -> None:
+    # Adopted after a restart of the service long after the boot: its `since` is late, the boot is not.
+    adopted = {"gpu003": Record("gpu003", "rebooted", "reboot", "x", 2000.0)}
+    booted = idle(gpu003=NodeView("gpu003", "down", frozenset({"drain"}), f"{MARKER} reboot X", started=600.0))
+    assert [s.kind for s in steps([fabric(910.0)], booted, adopted, now=2100.0)] == ["hold"]
+    assert steps([fabric(500.0)], booted, adopted, now=2100.0) == []
+    # A scheduler that does not say when the node started: when the service saw the reboot done.
+    unknown = idle(gpu003=ours("gpu003", "reboot", "down"))
+    assert steps([fabric(910.0)], unknown, adopted, now=2100.0) == []
+    [step] = steps([fabric(2050.0)], unknown, adopted, now=2100.0)
+    assert step.kind == "hold"
+
+
+def test_a_reset_alert_that_fires_again_after_the_reset_holds_the_node() -> None:
+    """Rows pending remap again after the reset that applied the last ones: the GPU needs a person."""
+    pending = alert("GpuRowRemapPending", "gpu005", 100.0, gpu="2")
+    view = idle(gpu005=ours("gpu005", "reset"))
+    done = {"gpu005": Record("gpu005", "reset_done", "reset", "x", 950.0, ("2",))}
+    assert steps([pending], view, done, now=1000.0) == []  # the alert that asked for the reset, not yet resolved
+    again = alert("GpuRowRemapPending", "gpu005", 1900.0, gpu="2")
+    [step] = steps([again], view, done, now=1910.0)
+    assert (step.kind, step.phase, step.gpus) == ("hold", "held", ("2",))
+    assert step.reason == ("gpunode: hold GpuRowRemapPending gpu=2 fired again after its reset: "
+                           "row remaps wait for a GPU reset")
+    # The node's slurmd start says nothing of a reset: a node booted after the alert began still waits.
+    booted = idle(gpu005=NodeView("gpu005", "idle", frozenset({"drain"}), f"{MARKER} reset X", started=50.0))
+    assert steps([pending], booted, done, now=1000.0) == []

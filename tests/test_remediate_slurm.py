@@ -624,3 +624,38 @@ def test_a_fabric_that_never_completes_after_the_reboot_holds_the_node_after_fab
             assert "IDLE" not in flags(cluster.node("gpu022")) and cluster.reboots("gpu022") == 1
         finally:
             svc.stop()
+
+
+def test_a_fabric_alert_that_fires_again_after_the_reboot_holds_the_node_and_one_from_before_does_not(
+        tmp_path: Path, cluster: SlurmCluster, alertmanager: Callable[..., Alertmanager]) -> None:
+    """The exporter keeps reporting the fabric not started after the reboot. The alert from before the
+    reboot, not yet resolved, keeps the node waiting; the rule pack's alert again after the boot holds it
+    at once, long before fabric_wait."""
+    with healthy_exporter(tmp_path / "not-ready", *HGX, scenario=SCENARIOS / "fabric-not-ready.yaml",
+                          config=HGX_CONFIG) as url:
+        svc = Service(tmp_path, cluster, url, fabric_wait="10m").start()
+        try:
+            am = alertmanager(svc)
+            starts = time.time() - 300
+            am.post(fabric_not_ready("gpu023", starts=starts))
+            cluster.wait_state("gpu023", lambda n: "DOWN" in flags(n) and not flags(n) & {
+                "REBOOT_REQUESTED", "REBOOT_ISSUED"}, timeout=60)
+            wait("the reboot seen done", lambda: "gpu023  rebooted" in svc.command("status").stdout)
+            booted = cluster.node("gpu023")["SlurmdStartTime"]
+            time.sleep(4)  # two quiet periods, four looks: the stale alert holds nothing
+            assert cluster.node("gpu023")["Reason"].startswith("gpunode: reboot GpuFabricNotReady")
+            assert "gpu023  rebooted" in svc.command("status").stdout
+            # Resolved (the node gets as far as the fabric gate), then the rule pack's alert again.
+            am.post(fabric_not_ready("gpu023", "resolved", starts=starts, ends=time.time()))
+            wait("the fabric gate", lambda: "not returned: fabric not complete" in svc.command("status").stdout)
+            am.post(fabric_not_ready("gpu023", starts=time.time()))
+            held = cluster.wait_state("gpu023", lambda n: n["Reason"].startswith("gpunode: hold"), timeout=30)
+            assert held["Reason"] == ("gpunode: hold GpuFabricNotReady cause=not_started gpu=0 fired again after its "
+                                      "reboot: the NVLink fabric is not ready: a reboot brings it up")
+            assert "gpu023  held" in svc.command("status").stdout
+            time.sleep(3)
+            node = cluster.node("gpu023")
+            assert "IDLE" not in flags(node) and cluster.reboots("gpu023") == 1, node
+            assert node["SlurmdStartTime"] == booted
+        finally:
+            svc.stop()
