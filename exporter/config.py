@@ -53,6 +53,8 @@ class NFSConfig:
 class GPUConfig:
     # GPUs this node should have; exported as gpunode_gpus_expected (absent when unset).
     expected_count: int | None = None
+    # NVSwitches this node should have (4 on an HGX H100 baseboard); gpunode_nvswitches_expected.
+    nvswitches_expected: int | None = None
     # gpunode_gpu_nvlink_errors_total per link; by default one series per GPU and type, link="all":
     # 18 links per GPU would add 8 x 18 series per type and node (docs/series-budget.md).
     nvlink_per_link: bool = False
@@ -126,10 +128,17 @@ class StorageConfig:
 
 
 @dataclass(frozen=True)
+class FabricConfig:
+    # RDMA ports (InfiniBand or RoCE) that should be ACTIVE on this node; gpunode_fabric_ports_expected.
+    ports_expected: int | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     # A collector still running after this many seconds is reported failed for the scrape.
     collector_timeout_seconds: float = 5.0
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    fabric: FabricConfig = field(default_factory=FabricConfig)
     gpu: GPUConfig = field(default_factory=GPUConfig)
     gpu_processes: GPUProcessesConfig = field(default_factory=GPUProcessesConfig)
     nfs: NFSConfig = field(default_factory=NFSConfig)

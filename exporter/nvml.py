@@ -9,6 +9,7 @@ it never supports is not asked again). When the driver goes away under us
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -170,3 +171,98 @@ _handle_by_index.__name__ = "nvmlDeviceGetHandleByIndex"  # the name errors are 
 
 def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+# --- the NVLink fabric (nvmlDeviceGetGpuFabricInfoV, nvmlDeviceGetGpuFabricInfo) -----------------
+
+FABRIC_STATES = frozenset({pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED, pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS,
+                           pynvml.NVML_GPU_FABRIC_STATE_COMPLETED})
+# healthMask fields (nvml.h NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_* / _WIDTH_*) whose value TRUE is bad.
+_HEALTH_FLAGS = {
+    "degraded_bandwidth": (pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW,
+                           pynvml.NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_DEGRADED_BW),
+    "route_recovery": (pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_RECOVERY,
+                       pynvml.NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_ROUTE_RECOVERY),
+    "route_unhealthy": (pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY,
+                        pynvml.NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_ROUTE_UNHEALTHY),
+    "access_timeout_recovery": (pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ACCESS_TIMEOUT_RECOVERY,
+                                pynvml.NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_ACCESS_TIMEOUT_RECOVERY),
+}
+_CONFIGURATION = (pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_INCORRECT_CONFIGURATION,
+                  pynvml.NVML_GPU_FABRIC_HEALTH_MASK_WIDTH_INCORRECT_CONFIGURATION)
+_CONFIGURATION_OK = frozenset({pynvml.NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_NOT_SUPPORTED,
+                               pynvml.NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_NONE})
+_FABRIC_V3, _FABRIC_V2 = pynvml.nvmlGpuFabricInfo_v3, pynvml.nvmlGpuFabricInfo_v2
+_FABRIC_STRUCTS = {_FABRIC_V3: pynvml.c_nvmlGpuFabricInfo_v3_t, _FABRIC_V2: pynvml.c_nvmlGpuFabricInfo_v2_t}
+_FABRIC_VERSION_KEY = "fabric_info_version"
+
+
+@dataclass(frozen=True)
+class FabricInfo:
+    state: int  # NVML_GPU_FABRIC_STATE_*
+    status: int  # nvmlReturn_t of the fabric probe
+    health_mask: int | None  # None from the old call, which has no mask
+
+
+def health_problems(mask: int) -> list[str]:
+    """The fields of a healthMask that say the fabric is not healthy: degraded_bandwidth,
+    route_recovery, route_unhealthy, access_timeout_recovery (each TRUE), incorrect_configuration
+    (anything but NONE or NOT_SUPPORTED). Partition and fabric-manager-connection fields are facts
+    about the partition, not faults of the GPU, and are not judged."""
+    problems = [name for name, (shift, width) in _HEALTH_FLAGS.items()
+                if (mask >> shift) & width == pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE]
+    shift, width = _CONFIGURATION
+    if (mask >> shift) & width not in _CONFIGURATION_OK:
+        problems.append("incorrect_configuration")
+    return problems
+
+
+def fabric_healthy(info: FabricInfo) -> bool:
+    """Complete, probed without error, and no bad field in the health mask (where there is one).
+    nvml.h: the status "must be checked only if Probe state returns complete", so a fabric not yet
+    complete is not healthy."""
+    if info.state != pynvml.NVML_GPU_FABRIC_STATE_COMPLETED or info.status != pynvml.NVML_SUCCESS:
+        return False
+    return info.health_mask is None or not health_problems(info.health_mask)
+
+
+def _fabric_info_v(handle: Any, learned: dict[str, Any]) -> FabricInfo:
+    """nvmlDeviceGetGpuFabricInfoV with the newest struct the driver takes (v3, then v2; the one
+    that worked is kept in `learned`). A driver that takes neither answers as one without the call."""
+    version = learned.get(_FABRIC_VERSION_KEY, _FABRIC_V3)
+    while True:
+        info = _FABRIC_STRUCTS[version]()
+        try:
+            pynvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+        except NVMLError as err:
+            if err.value != pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+                raise
+            if version == _FABRIC_V2:
+                raise NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND) from err
+            version = learned[_FABRIC_VERSION_KEY] = _FABRIC_V2
+            continue
+        return FabricInfo(info.state, info.status, info.healthMask)
+
+
+_fabric_info_v.__name__ = "nvmlDeviceGetGpuFabricInfoV"
+
+
+def _fabric_info(handle: Any) -> FabricInfo:
+    info = pynvml.c_nvmlGpuFabricInfo_t()
+    pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+    return FabricInfo(info.state, info.status, None)
+
+
+_fabric_info.__name__ = "nvmlDeviceGetGpuFabricInfo"
+
+
+def read_fabric(session: Session, device: Device) -> FabricInfo | None:
+    """The GPU's fabric: the V call, else (a driver without it) the old one. None when the GPU has
+    no fabric (NOT_SUPPORTED, state NOT_SUPPORTED, neither call in the driver) or the read failed
+    (counted in session.errors). Raises GPULostError as Session.read does."""
+    info = session.read(device, _fabric_info_v, device.learned, sticky=True)
+    if info is None and _fabric_info_v.__name__ in device.unsupported:
+        info = session.read(device, _fabric_info, sticky=True)
+    if info is None or info.state not in FABRIC_STATES:
+        return None
+    return info

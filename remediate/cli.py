@@ -164,10 +164,12 @@ def _when(t: float) -> str:
 _NEXT = {
     "drained": "returns when its alerts have been resolved for the quiet period",
     "reset_wait": "GPU reset once no job runs on it (held after idle_timeout)",
-    "reset_done": "returns when resolved for the quiet period and its exporter sees every GPU",
+    "reset_done": "returns when resolved for the quiet period, its exporter sees every GPU and its NVLink fabric is "
+                  "complete (held after fabric_wait)",
     "reboot_wait": "the scheduler reboots it once idle (held after idle_timeout)",
     "rebooting": "the reboot completes (held after reboot_timeout)",
-    "rebooted": "returns when resolved for the quiet period and its exporter sees every GPU",
+    "rebooted": "returns when resolved for the quiet period, its exporter sees every GPU and its NVLink fabric is "
+                "complete (held after fabric_wait)",
     "held": "waits for a person: resume it in the scheduler when fixed",
 }
 
@@ -183,11 +185,14 @@ def status_text(policy: policies.Policy, state: State, now: float) -> str:
              f"drained in the last {policy.budget.window / 3600:g}h{dry}: {history.budget_used} node(s)"]
     if not records:
         lines.append("no node in the service's care")
+    notes = state.notes()
     for record in sorted(records.values(), key=lambda r: (r.phase != "held", r.node)):
         gpus = f" gpu {','.join(record.gpus)}" if record.gpus else ""
+        note, at = notes.get(record.node, ("", 0.0))
+        now_ = f"; since {_when(at)}: {note}" if note and record.phase != "held" else ""
         lines.append(f"{record.node}  {record.phase}{dry}  since {_when(record.since)}  {record.action}{gpus}: "
-                     f"{record.why}; next: {_NEXT[record.phase]}")
-    for node, (note, at) in sorted(state.notes().items()):
+                     f"{record.why}; next: {_NEXT[record.phase]}{now_}")
+    for node, (note, at) in sorted(notes.items()):
         if node not in records:
             lines.append(f"{node}  left alone since {_when(at)}: {note}")
     if policy.jobs.enabled:

@@ -34,7 +34,7 @@ _FORGET_AFTER = 35 * 86400.0  # resolved alerts kept this long (longer than any 
 class Engine:
     def __init__(self, policy: Policy, state: State, scheduler: Scheduler,
                  clock: Callable[[], float] = time.time,
-                 healthy: Callable[[str, Policy], str | None] = health.check,
+                 healthy: Callable[[str, Policy], health.Trouble | None] = health.check,
                  sleep: Callable[[float], None] = time.sleep,
                  mounted: Callable[[str, Policy], frozenset[str] | None] = health.mounted) -> None:
         self.policy = policy
@@ -263,9 +263,14 @@ class Engine:
                            reason=f"{MARKER} hold GPU reset needed, no reset_command configured")
         if step.health and self.policy.enforce:
             trouble = self.healthy(step.node, self.policy)
-            if trouble:
-                self._note(step.node, f"not returned: {trouble}", now)
-                return
+            if trouble is not None:
+                waited = self._wait(step.node, trouble, now)
+                if waited is None:
+                    return
+                step = replace(step, kind="hold", phase="held", action="hold", why=waited,
+                               reason=f"{MARKER} hold {waited}"[:200])
+            else:
+                self.state.end_return_wait(step.node)
         if step.kind == "resume" and self.policy.validate_command and self.policy.enforce:
             failed_check = self._validate(step.node)
             if failed_check:
@@ -302,6 +307,21 @@ class Engine:
             taken = self.state.taken_at(step.node, ("done",))
             if taken is not None:
                 self.state.returned(step.node, taken, self.clock())
+
+    def _wait(self, node: str, trouble: health.Trouble, now: float) -> str | None:
+        """A node not yet fit to return waits (noted); one whose bounded wait (its NVLink fabric, an
+        exporter that does not answer) began fabric_wait ago or more: why it is held. The wait's start
+        is in the state file: a restart does not start it again."""
+        if trouble.bounded:
+            since = self.state.return_wait(node, now)
+            if now - since >= self.policy.fabric_wait:
+                return trouble.why
+            deadline = time.strftime("%H:%M:%S", time.localtime(since + self.policy.fabric_wait))
+            self._note(node, f"not returned: {trouble.why} (held at {deadline} if it lasts: fabric_wait "
+                       f"{span(self.policy.fabric_wait)})", now)
+        else:
+            self._note(node, f"not returned: {trouble.why}", now)
+        return None
 
     def _validate(self, node: str) -> str | None:
         """The operator's check before a node returns (a DCGM diag, NHC): why it failed, or None."""

@@ -6,10 +6,11 @@ A node moves through phases kept in the state file:
   drained      drained for an alert; returns when its alerts have been resolved for the quiet period
   reset_wait   drained; its GPUs are reset once no job runs on it, then reset_done
   reboot_wait  the scheduler reboots it once idle and keeps it down, then rebooting, then rebooted
-  reset_done, rebooted   return when resolved for the quiet period and its exporter sees every GPU
+  reset_done, rebooted   return when resolved for the quiet period, its exporter sees every GPU and its
+               NVLink fabric is complete (held when the fabric is not within fabric_wait)
   held         waits for a person, who resumes it in the scheduler; never returned automatically
-No wait is endless: jobs that do not end within idle_timeout, or a reboot not complete within
-reboot_timeout, hold the node for a person.
+No wait is endless: jobs that do not end within idle_timeout, a reboot not complete within
+reboot_timeout, or an NVLink fabric not complete within fabric_wait hold the node for a person.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class Step:
     gpus: tuple[str, ...] = ()
     job: str = ""
     fingerprints: tuple[str, ...] = ()
-    health: bool = False  # ask the node's exporter for its GPU count first
+    health: bool = False  # ask the node's exporter first: its GPU count, its NVLink fabric
 
     @property
     def calls(self) -> bool:
@@ -134,9 +135,14 @@ def wanted(policy: Policy, alerts: Iterable[Alert]) -> Wanted | None:
                   tuple(sorted(fingerprints)), alert.labels)
 
 
+# The alert labels that say what failed where: the Xid and its action, the fabric's cause, the GPU,
+# a port's device and number.
+DETAILS = ("xid", "action", "cause", "gpu", "device", "port")
+
+
 def drain_reason(action: str, want: Wanted, extra: str = "") -> str:
     """`gpunode: reboot GpuXidHardwareFault xid=79 gpu=3`: what sinfo -R shows an operator."""
-    details = [f"{k}={want.labels[k]}" for k in ("xid", "action", "gpu") if want.labels.get(k)]
+    details = [f"{k}={want.labels[k]}" for k in DETAILS if want.labels.get(k)]
     text = " ".join([MARKER, action, want.alertname, *details]) + (f" ({extra})" if extra else "")
     return text[:200]
 

@@ -222,6 +222,9 @@ class Policy:
     nodes: Nodes = field(default_factory=Nodes)
     idle_timeout: float = 86400.0  # a node waiting for its jobs to end before a reset or reboot: then held
     reboot_timeout: float = 1800.0  # a reboot not complete by then holds the node
+    # A rebooted or reset node ready to return whose NVLink fabric is not complete (or whose exporter
+    # does not answer) waits at most this long, then it is held.
+    fabric_wait: float = 600.0
     validate_command: tuple[str, ...] = ()  # run before every return; a non-zero exit holds the node
     validate_timeout: float = 900.0  # dcgmi diag -r 2 takes minutes; a check past this has failed
 
@@ -372,6 +375,7 @@ def build(data: Any) -> Policy:
             "stale_after": _duration}),
         "idle_timeout": _duration,
         "reboot_timeout": _duration,
+        "fabric_wait": _duration,
         "validate_command": lambda v, w: _placeholders(v, w, {"node"}),
         "validate_timeout": _duration,
         "repeat_offender": lambda v, w: _section(RepeatOffender, v, w, {

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gpunode_remediate.alerts import Alert
 from gpunode_remediate.jobs import Decision, End
-from gpunode_remediate.plan import History, Record, Step
+from gpunode_remediate.plan import RETURNING, History, Record, Step
 from gpunode_remediate.policy import Policy
 
 _SCHEMA = """
@@ -53,6 +53,8 @@ CREATE TABLE IF NOT EXISTS job_ends (
 -- When a person last released a held chain: its earlier ends no longer count.
 CREATE TABLE IF NOT EXISTS chains (job TEXT PRIMARY KEY, released_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS returns (node TEXT NOT NULL, taken_at REAL NOT NULL, returned_at REAL NOT NULL);
+-- A node ready to return but not yet fit to (its NVLink fabric not complete): since when it waits.
+CREATE TABLE IF NOT EXISTS return_waits (node TEXT PRIMARY KEY, since REAL NOT NULL);
 """
 
 
@@ -236,7 +238,9 @@ class State:
             self._set_record(node, Record(node, phase, action, why, since, gpus) if phase else None)
 
     def _set_record(self, node: str, record: Record | None) -> None:
-        """Under the lock."""
+        """Under the lock. A node leaving a phase that returns it ends its wait to return."""
+        if record is None or not RETURNING.get(record.phase):
+            self.db.execute("DELETE FROM return_waits WHERE node = ?", (node,))
         if record is None:
             self.db.execute("DELETE FROM nodes WHERE node = ?", (node,))
         else:
@@ -333,6 +337,7 @@ class State:
         records = self._rows("SELECT COUNT(*) FROM nodes")[0][0]
         self._write("DELETE FROM notes")
         self._write("DELETE FROM nodes")
+        self._write("DELETE FROM return_waits")
         return records
 
     # Returns to service: from the node's first action (its latest new drain) to its return
@@ -347,6 +352,16 @@ class State:
 
     def return_seconds(self) -> list[float]:
         return [row[0] for row in self._rows("SELECT returned_at - taken_at FROM returns")]
+
+    # Waits to return: a node not yet fit to return (health.Trouble.bounded), since when
+
+    def return_wait(self, node: str, now: float) -> float:
+        """Since when the node waits to return; the wait begins now if it had not."""
+        self._write("INSERT OR IGNORE INTO return_waits VALUES (?, ?)", node, now)
+        return self._rows("SELECT since FROM return_waits WHERE node = ?", node)[0][0]
+
+    def end_return_wait(self, node: str) -> None:
+        self._write("DELETE FROM return_waits WHERE node = ?", node)
 
     # Notes: why a node with alerts was left alone (shown by status, logged once)
 

@@ -187,12 +187,12 @@ def test_only_dynamic_values_are_fetched_per_scrape() -> None:
         per_gpu = {name: n for name, n in nvml.calls.items() if n == 16}
         plan = c.ctx.nvml.devices()[0].learned["fields"]
     # init, driver version, count; per GPU: handle, 7 facts, the reasons it reports, its NVLink count,
-    # 4 remap and PCIe values, clocks event reasons, one FieldValues (PCIe replays among its fields)
-    assert first == 1 + 1 + 1 + 8 * (1 + 7 + 2 + 4 + 2)
-    assert second == 1 + 8 * (4 + 2)
+    # 4 remap and PCIe values, the fabric, clocks event reasons, one FieldValues (PCIe replays among its fields)
+    assert first == 1 + 1 + 1 + 8 * (1 + 7 + 2 + 4 + 1 + 2)
+    assert second == 1 + 8 * (4 + 1 + 2)
     assert set(per_gpu) == {"nvmlDeviceGetRemappedRows", "nvmlDeviceGetRowRemapperHistogram",
                             "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
-                            "nvmlDeviceGetCurrentClocksEventReasons"}
+                            "nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetCurrentClocksEventReasons"}
     assert nvml.calls["nvmlDeviceGetFieldValues"] == 8 * 3  # the link count once, then one a scrape
     assert "nvmlDeviceGetPcieReplayCounter" not in nvml.calls
     # After the first answer: 6 policies, 3 slowdown times, PCIe replays and, per link, state, replay,

@@ -203,8 +203,8 @@ def test_scenario_errors_name_the_key(change: dict, message: str) -> None:
 
 def test_shipped_scenarios_load() -> None:
     names = sorted(p.stem for p in Path(nvmlsim.example("healthy-h100")).parent.glob("*.yaml"))
-    assert names == ["fell-off-bus", "gpu122-uncorrectable-steps", "gpu124-correctable-acceleration",
-                     "healthy-h100", "thermal-straggler-b200"]
+    assert names == ["fabric-not-ready", "fabric-unhealthy", "fell-off-bus", "gpu122-uncorrectable-steps",
+                     "gpu124-correctable-acceleration", "healthy-h100", "thermal-straggler-b200"]
     for name in names:
         scenario = nvmlsim.load(nvmlsim.example(name))
         assert len(scenario.gpus) == 8

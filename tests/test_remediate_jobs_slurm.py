@@ -318,7 +318,7 @@ def test_disk_errors_hold_the_node_and_its_failed_job_runs_again_without_it(
     info = job.wait("done", lambda j: j["JobState"] == "COMPLETED")
     assert info["ExcNodeList"] == nodes[1] and info["Restarts"] == "1"
     assert info["AdminComment"].startswith("gpunode: node_fault attempt 1: node fault: requeued without "
-                                           f"{nodes[1]} (GpuNodeDiskErrors on {nodes[1]})")
+                                           f"{nodes[1]} (GpuNodeDiskErrors device nvme0n1 on {nodes[1]})")
     assert requeues(svc) == {"node_fault": 1}
     assert "DRAIN" in flags(cluster.node(nodes[1]))  # held for a person: never returned by the service
 
@@ -356,3 +356,32 @@ def test_a_storage_outage_holds_the_jobs_it_ended_until_the_server_answers_and_d
     assert not [n["NodeName"] for n in cluster.all_nodes() if "DRAIN" in flags(n)]
     assert svc.metrics()["gpunode_remediate_lemon_nodes"][()] == 0
     assert f"mounted on {nodes[0]}" in svc.log.read_text()  # the evidence: asked of its exporter
+
+
+def test_a_fabric_port_down_or_flapping_holds_its_node_and_the_failed_job_runs_again_without_it(
+        tmp_path: Path, cluster: SlurmCluster, service: Callable[..., Service]) -> None:
+    """A port that went down kills the job's NCCL traffic; one that flaps does too, and comes back:
+    either way the node waits for a person (the cable or transceiver) and the job goes on without it."""
+    svc = service(budget={"fraction": 1.0, "in_care": 1.0}).start()
+    down = Job(cluster, tmp_path / "down", {0: 3}, seconds=4)
+    flap = Job(cluster, tmp_path / "flap", {0: 3}, seconds=4)
+    down_nodes, flap_nodes = down.running(), flap.running()
+    send(svc, alert_json("GpuNodeFabricPortDown", down_nodes[1], device="mlx5_3", port="1", starts=time.time()),
+         alert_json("GpuNodeFabricPortFlapping", flap_nodes[0], severity="warning", device="mlx5_0", port="1",
+                    starts=time.time()))
+    for job, bad, alert, device in ((down, down_nodes[1], "GpuNodeFabricPortDown", "mlx5_3"),
+                                    (flap, flap_nodes[0], "GpuNodeFabricPortFlapping", "mlx5_0")):
+        node = cluster.wait_state(bad, lambda n: "DRAIN" in flags(n))
+        assert node["Reason"] == f"gpunode: hold {alert} device={device} port=1"
+        again = job.running(1)
+        assert bad not in again and len(again) == 2
+        info = job.wait("done", lambda j: j["JobState"] == "COMPLETED")
+        assert info["ExcNodeList"] == bad and info["Restarts"] == "1"
+        assert info["AdminComment"].startswith(f"gpunode: node_fault attempt 1: node fault: requeued without {bad} "
+                                               f"({alert} device {device} port 1 on {bad})")
+    assert requeues(svc) == {"node_fault": 2}
+    time.sleep(3)
+    held = sorted(n["NodeName"] for n in cluster.all_nodes() if "DRAIN" in flags(n))
+    assert held == sorted((down_nodes[1], flap_nodes[0]))  # held for a person: never returned by the service
+    status = svc.command("status").stdout
+    assert f"{down_nodes[1]}  held" in status and f"{flap_nodes[0]}  held" in status

@@ -50,13 +50,15 @@ def clean(cluster: SlurmCluster) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def healthy_exporter(tmp: Path, *flags: str) -> Iterator[str]:
-    """A real exporter on a simulated healthy 8-GPU node, expecting 8, with the gpu collector and
-    `flags`: the health-check URL template that asks it."""
-    (tmp / "config.yml").write_text("gpu: {expected_count: 8}\n")
-    port = free_port()
+def healthy_exporter(tmp: Path, *flags: str, scenario: Path = HEALTHY, config: str = "gpu: {expected_count: 8}\n",
+                     port: int | None = None) -> Iterator[str]:
+    """A real exporter on a simulated healthy 8-GPU node (or `scenario`), expecting 8, with the gpu
+    collector and `flags`: the health-check URL template that asks it."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "config.yml").write_text(config)
+    port = port or free_port()
     proc = subprocess.Popen([sys.executable, "-m", "gpunode_exporter", "--web.listen-address", f"127.0.0.1:{port}",
-                             "--nvml.simulate", str(HEALTHY), "--config.file", str(tmp / "config.yml"),
+                             "--nvml.simulate", str(scenario), "--config.file", str(tmp / "config.yml"),
                              "--path.state", str(tmp), "--collector.disable-defaults", "--collector.gpu", *flags],
                             cwd=ROOT, stderr=subprocess.DEVNULL)
     try:
@@ -558,3 +560,67 @@ def test_excluded_nodes_are_never_touched_and_the_absolute_cap_holds(
     m = svc.metrics()
     assert m["gpunode_remediate_counted_nodes"][()] == 29 and m["gpunode_remediate_budget_nodes"][()] == 2
     assert "gpu035  left alone since" in svc.command("status").stdout
+
+
+SCENARIOS = ROOT / "exporter" / "nvmlsim" / "scenarios"
+HGX = ("--path.sysfs", str(ROOT / "tests" / "fixtures" / "sysfs" / "dgx-h100"))  # its four NVSwitches on the bus
+HGX_CONFIG = "gpu: {expected_count: 8, nvswitches_expected: 4}\n"
+
+
+def fabric_not_ready(node: str, status: str = "firing", **times: float) -> dict[str, Any]:
+    return alert_json("GpuFabricNotReady", node, status, cause="not_started", gpu="0", uuid="GPU-fab00e11", **times)
+
+
+def test_a_fabric_not_ready_reboots_and_the_node_returns_only_once_its_exporter_reports_the_fabric_complete(
+        tmp_path: Path, cluster: SlurmCluster, alertmanager: Callable[..., Alertmanager]) -> None:
+    """The exporter answers on the simulated NVML: first a node whose fabric manager never brings the
+    fabric up (the shipped fabric-not-ready scenario), then, on the same address, a healthy HGX H100."""
+    port = free_port()
+    svc: Service | None = None
+    try:
+        with healthy_exporter(tmp_path / "not-ready", *HGX, scenario=SCENARIOS / "fabric-not-ready.yaml",
+                              config=HGX_CONFIG, port=port) as url:
+            svc = Service(tmp_path, cluster, url, fabric_wait="10m").start()
+            am = alertmanager(svc)
+            starts = time.time() - 300
+            am.post(fabric_not_ready("gpu021", starts=starts))
+            down = cluster.wait_state("gpu021", lambda n: "DOWN" in flags(n) and not flags(n) & {
+                "REBOOT_REQUESTED", "REBOOT_ISSUED"}, timeout=60)
+            assert down["Reason"].startswith("gpunode: reboot GpuFabricNotReady cause=not_started gpu=0")
+            am.post(fabric_not_ready("gpu021", "resolved", starts=starts, ends=time.time()))
+            waiting = "not returned: fabric not complete: GPU 0,1,2,3,4,5,6,7 fabric not started"
+            status = wait("the fabric wait", lambda: text if waiting in (text := svc.command("status").stdout)
+                          else None)
+            assert "gpu021  rebooted" in status and "if it lasts: fabric_wait 10 min" in status
+            time.sleep(3)
+            assert "DOWN" in flags(cluster.node("gpu021")) and cluster.reboots("gpu021") == 1
+        with healthy_exporter(tmp_path / "complete", *HGX, config=HGX_CONFIG, port=port):
+            cluster.wait_state("gpu021", lambda n: flags(n) == {"IDLE"}, timeout=60)
+            actions = svc.metrics()["gpunode_remediate_actions_total"]
+            assert actions[(("action", "reboot"), ("result", "done"))] == 1
+            assert actions[(("action", "resume"), ("result", "done"))] == 1
+            assert "gpu021" not in svc.command("status").stdout
+    finally:
+        if svc is not None:
+            svc.stop()
+
+
+def test_a_fabric_that_never_completes_after_the_reboot_holds_the_node_after_fabric_wait(
+        tmp_path: Path, cluster: SlurmCluster, alertmanager: Callable[..., Alertmanager]) -> None:
+    with healthy_exporter(tmp_path / "not-ready", *HGX, scenario=SCENARIOS / "fabric-not-ready.yaml",
+                          config=HGX_CONFIG) as url:
+        svc = Service(tmp_path, cluster, url, fabric_wait="4s").start()
+        try:
+            am = alertmanager(svc)
+            starts = time.time() - 300
+            am.post(fabric_not_ready("gpu022", starts=starts))
+            cluster.wait_state("gpu022", lambda n: "DOWN" in flags(n) and not flags(n) & {
+                "REBOOT_REQUESTED", "REBOOT_ISSUED"}, timeout=60)
+            am.post(fabric_not_ready("gpu022", "resolved", starts=starts, ends=time.time()))
+            held = cluster.wait_state("gpu022", lambda n: n["Reason"].startswith("gpunode: hold"), timeout=30)
+            assert held["Reason"] == "gpunode: hold fabric not complete: GPU 0,1,2,3,4,5,6,7 fabric not started"
+            assert "gpu022  held" in svc.command("status").stdout
+            time.sleep(3)
+            assert "IDLE" not in flags(cluster.node("gpu022")) and cluster.reboots("gpu022") == 1
+        finally:
+            svc.stop()

@@ -1,5 +1,6 @@
-"""GPU health: row remapping, presence (NVML and the PCI bus), PCIe link; what slows a GPU down
-(clocks event reasons and violation time, NVLink, PCIe replays: gpu_straggler.py). From NVML and sysfs."""
+"""GPU health: row remapping, presence (NVML and the PCI bus), PCIe link, the NVLink fabric (NVML's fabric
+state, NVSwitches on the bus); what slows a GPU down (clocks event reasons and violation time, NVLink, PCIe
+replays: gpu_straggler.py). From NVML and sysfs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pynvml
 
 from gpunode_exporter.collector import gpu_straggler
 from gpunode_exporter.collector.base import Collector, Context, Family, MetricSpec, register
-from gpunode_exporter.nvml import Device, GPULostError
+from gpunode_exporter.nvml import Device, GPULostError, fabric_healthy, read_fabric
 from gpunode_exporter.sysfs import pci
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,18 @@ LINK_GENERATION = MetricSpec("gpunode_gpu_pcie_link_generation", "gauge",
 LINK_WIDTH = MetricSpec("gpunode_gpu_pcie_link_width", "gauge",
                         "PCIe link width in lanes, current and the most the GPU and slot allow.",
                         (*_GPU, "kind"))
+FABRIC_STATE = MetricSpec("gpunode_gpu_fabric_state", "gauge",
+                          "The GPU's NVLink fabric as NVML reports it: 1 not started, 2 in progress, 3 completed "
+                          "(the fabric manager has set up its routes). Absent where the GPU has no NVSwitch fabric.",
+                          _GPU)
+FABRIC_HEALTHY = MetricSpec("gpunode_gpu_fabric_healthy", "gauge",
+                            "1 when the GPU's NVLink fabric is completed, its probe succeeded and the driver's "
+                            "health mask (where it has one) shows no degraded bandwidth, route recovery, unhealthy "
+                            "route, access timeout recovery or incorrect configuration; else 0.", _GPU)
+NVSWITCHES_VISIBLE = MetricSpec("gpunode_nvswitches_visible", "gauge",
+                                "NVSwitches on the PCI bus (pci: NVIDIA functions of class 0x0680).", ("source",))
+NVSWITCHES_EXPECTED = MetricSpec("gpunode_nvswitches_expected", "gauge",
+                                 "NVSwitches this node should have (gpu.nvswitches_expected in --config.file).")
 NVML_ERRORS = MetricSpec("gpunode_nvml_errors_total", "counter",
                          "Per-GPU NVML calls that failed with an error other than NOT_SUPPORTED or "
                          "GPU_IS_LOST (for nvmlDeviceGetFieldValues: each field that failed).",
@@ -56,9 +69,10 @@ _AVAILABILITY = ("max", "high", "partial", "low", "none")
 class GPUCollector(Collector):
     name = "gpu"
     description = ("GPU health from NVML and sysfs: row remapping, GPUs present, PCIe link, clocks event reasons, "
-                   "NVLink.")
-    metrics = (INFO, UP, VISIBLE, EXPECTED, REMAPPED_ROWS, REMAP_PENDING, REMAP_FAILURE, REMAP_BANKS,
-               LINK_GENERATION, LINK_WIDTH, *gpu_straggler.SPECS, NVML_ERRORS)
+                   "NVLink, the NVLink fabric and its NVSwitches.")
+    metrics = (INFO, UP, VISIBLE, EXPECTED, NVSWITCHES_VISIBLE, NVSWITCHES_EXPECTED, REMAPPED_ROWS, REMAP_PENDING,
+               REMAP_FAILURE, REMAP_BANKS, LINK_GENERATION, LINK_WIDTH, FABRIC_STATE, FABRIC_HEALTHY,
+               *gpu_straggler.SPECS, NVML_ERRORS)
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -67,26 +81,32 @@ class GPUCollector(Collector):
         self._straggler = gpu_straggler.StragglerReads(ctx.nvml, ctx.config.gpu.nvlink_per_link)
 
     def collect(self) -> Iterator[Family]:
+        cfg = self.ctx.config.gpu
         visible, expected = VISIBLE.family(), EXPECTED.family()
-        if self.ctx.config.gpu.expected_count is not None:
-            expected.add((), self.ctx.config.gpu.expected_count)
+        switches, switches_expected = NVSWITCHES_VISIBLE.family(), NVSWITCHES_EXPECTED.family()
+        if cfg.expected_count is not None:
+            expected.add((), cfg.expected_count)
+        if cfg.nvswitches_expected is not None:
+            switches_expected.add((), cfg.nvswitches_expected)
         on_bus: dict[str, pci.PCIGPU] = {}
         if self._bus.devices.is_dir():  # absent in some containers
             on_bus = {g.address: g for g in self._bus.scan()}
             visible.add(("pci",), len(on_bus))
+            switches.add(("pci",), self._bus.nvswitches)
         try:
             devices = self.ctx.nvml.devices()
         except pynvml.NVMLError:
-            yield from (visible, expected)  # presence on the bus matters most when NVML fails
+            yield from (visible, expected, switches, switches_expected)  # presence on the bus matters most then
             raise
         visible.add(("nvml",), len(devices))
-        yield from (visible, expected)
+        yield from (visible, expected, switches, switches_expected)
         yield from self._per_gpu(devices, on_bus)
 
     def _per_gpu(self, devices: list[Device], on_bus: dict[str, pci.PCIGPU]) -> Iterator[Family]:
         session = self.ctx.nvml
         fams = {spec: spec.family() for spec in (INFO, UP, REMAPPED_ROWS, REMAP_PENDING, REMAP_FAILURE,
-                                                  REMAP_BANKS, LINK_GENERATION, LINK_WIDTH, *gpu_straggler.SPECS)}
+                                                  REMAP_BANKS, LINK_GENERATION, LINK_WIDTH, FABRIC_STATE,
+                                                  FABRIC_HEALTHY, *gpu_straggler.SPECS)}
         for d in devices:
             ids = (str(d.index), d.uuid)
             if d.handle is None:
@@ -98,6 +118,7 @@ class GPUCollector(Collector):
                 banks = session.read(d, pynvml.nvmlDeviceGetRowRemapperHistogram)
                 generation = session.read(d, pynvml.nvmlDeviceGetCurrPcieLinkGeneration)
                 width = session.read(d, pynvml.nvmlDeviceGetCurrPcieLinkWidth)
+                fabric = read_fabric(session, d)
                 straggler = self._straggler.read(d, ids)
             except GPULostError:
                 fams[UP].add(ids, 0)
@@ -120,6 +141,9 @@ class GPUCollector(Collector):
                     fams[spec].add((*ids, "current"), current)
                 if maximum is not None:
                     fams[spec].add((*ids, "max"), maximum)
+            if fabric is not None:
+                fams[FABRIC_STATE].add(ids, fabric.state)
+                fams[FABRIC_HEALTHY].add(ids, int(fabric_healthy(fabric)))
             self._straggler.add(straggler, fams)
         yield from fams.values()
         yield self._errors(devices)

@@ -16,7 +16,18 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from ctypes import c_char, c_double, c_int, c_longlong, c_uint, c_ulong, c_ulonglong, c_ushort, c_void_p
+from ctypes import (
+    c_char,
+    c_double,
+    c_int,
+    c_longlong,
+    c_ubyte,
+    c_uint,
+    c_ulong,
+    c_ulonglong,
+    c_ushort,
+    c_void_p,
+)
 from typing import Any
 
 import pynvml
@@ -55,6 +66,29 @@ class _EventData(ctypes.Structure):  # nvmlEventData_t
                 ("gpuInstanceId", c_uint), ("computeInstanceId", c_uint))
 
 
+class _FabricInfo(ctypes.Structure):  # nvmlGpuFabricInfo_t; nvmlGpuFabricState_t is an unsigned char
+    _fields_ = (("clusterUuid", c_ubyte * 16), ("status", c_int), ("cliqueId", c_uint), ("state", c_ubyte))
+
+
+class _FabricInfoV2(ctypes.Structure):  # nvmlGpuFabricInfo_v2_t
+    _fields_ = (("version", c_uint), ("clusterUuid", c_ubyte * 16), ("status", c_int), ("cliqueId", c_uint),
+                ("state", c_ubyte), ("healthMask", c_uint))
+
+
+class _FabricInfoV3(ctypes.Structure):  # nvmlGpuFabricInfo_v3_t
+    _fields_ = (*_FabricInfoV2._fields_, ("healthSummary", c_ubyte))
+
+
+def _struct_version(struct: type[ctypes.Structure], version: int) -> int:
+    """nvml.h's NVML_STRUCT_VERSION: sizeof(struct) | version << 24."""
+    return ctypes.sizeof(struct) | version << 24
+
+
+# nvmlGpuFabricInfo_v2 (0x02000024), nvmlGpuFabricInfo_v3 (0x03000028) -> (struct, version number)
+_FABRIC_VERSIONS = {_struct_version(_FabricInfoV2, 2): (_FabricInfoV2, 2),
+                    _struct_version(_FabricInfoV3, 3): (_FabricInfoV3, 3)}
+
+
 _P, _U = c_void_p, c_uint
 # Argument types per function, from nvml.h. Handles and out-pointers are void*.
 SIGNATURES: dict[str, tuple[Any, ...]] = {
@@ -82,6 +116,8 @@ SIGNATURES: dict[str, tuple[Any, ...]] = {
     "nvmlDeviceGetViolationStatus": (_P, _U, _P),
     "nvmlDeviceGetFieldValues": (_P, c_int, _P),
     "nvmlDeviceGetPcieReplayCounter": (_P, _P),
+    "nvmlDeviceGetGpuFabricInfo": (_P, _P),
+    "nvmlDeviceGetGpuFabricInfoV": (_P, _P),
     "nvmlDeviceGetSupportedEventTypes": (_P, _P),
     "nvmlEventSetCreate": (_P,),
     "nvmlDeviceRegisterEvents": (_P, c_ulonglong, _P),
@@ -346,6 +382,34 @@ class SimulatedNVML:
         if kind != gpu.nvlink_counters:
             return E.NVML_ERROR_NOT_SUPPORTED, 0, 0
         return SUCCESS, _ULL, gpu.link_errors(scope, counter, t)
+
+    # --- the NVLink fabric -----------------------------------------------------
+
+    def _fabric_of(self, name: str, t: float, handle: int | None) -> Any:
+        fabric = self._gpu(handle, name, t)[1].fabric
+        if fabric is None:
+            raise _NVMLReturn(E.NVML_ERROR_NOT_SUPPORTED)
+        return fabric
+
+    def _nvmlDeviceGetGpuFabricInfo(self, t: float, handle: int | None, out: int | None) -> None:  # noqa: N802
+        fabric = self._fabric_of("nvmlDeviceGetGpuFabricInfo", t, handle)
+        info = _FabricInfo.from_address(_pointer(out))
+        info.clusterUuid[:] = fabric.cluster_uuid
+        info.status, info.cliqueId, info.state = fabric.status.at(t), fabric.clique_id, fabric.state.at(t)
+
+    def _nvmlDeviceGetGpuFabricInfoV(self, t: float, handle: int | None, out: int | None) -> None:  # noqa: N802
+        """The version field picks the struct; one newer than the driver knows is a mismatch, as NVML answers."""
+        fabric = self._fabric_of("nvmlDeviceGetGpuFabricInfoV", t, handle)
+        known = _FABRIC_VERSIONS.get(c_uint.from_address(_pointer(out)).value)
+        if known is None or known[1] > self.scenario.fabric_info_version:
+            raise _NVMLReturn(E.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        struct, version = known
+        info = struct.from_address(out)
+        info.clusterUuid[:] = fabric.cluster_uuid
+        info.status, info.cliqueId, info.state = fabric.status.at(t), fabric.clique_id, fabric.state.at(t)
+        info.healthMask = fabric.health.at(t)
+        if version >= 3:
+            info.healthSummary = fabric.health_summary(t)
 
     # --- events (Xid) ---------------------------------------------------------
 

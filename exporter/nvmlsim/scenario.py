@@ -37,12 +37,26 @@ NVLINK_COUNTERS = {"legacy": ("replay", "recovery", "crc"), "nvlink5": ("recover
 NVLINK_STATES = {"inactive": 0, "active": 1, "sleep": 2}
 # GPU models a scenario may name; every key can still be given on its own. PCI ids as NVML reports them
 # (device << 16 | vendor), from NVIDIA's open-gpu-kernel-modules README (its table of compatible GPUs).
+# fabric: whether the GPU sits on an NVSwitch fabric (HGX baseboards) or has none (PCIe cards).
 MODELS: dict[str, dict[str, Any]] = {
     "h100-sxm": {"name": "NVIDIA H100 80GB HBM3", "pci_device_id": 0x233010DE, "pci_subsystem_id": 0x16C110DE,
-                 "nvlink_links": 18, "nvlink_counters": "legacy"},
+                 "nvlink_links": 18, "nvlink_counters": "legacy", "fabric": True},
     "b200": {"name": "NVIDIA B200", "pci_device_id": 0x290110DE, "pci_subsystem_id": 0x199910DE,
-             "nvlink_links": 18, "nvlink_counters": "nvlink5"},
+             "nvlink_links": 18, "nvlink_counters": "nvlink5", "fabric": True},
+    "l40s": {"name": "NVIDIA L40S", "pci_device_id": 0x26B910DE, "pci_subsystem_id": 0x185110DE,
+             "nvlink_links": 0, "nvlink_counters": "legacy", "fabric": False},
 }
+# nvml.h's NVML_GPU_FABRIC_STATE_*, and the healthMask fields (NVML_GPU_FABRIC_HEALTH_MASK_*), written
+# out here as the clock reasons are. Each flag is a 2-bit field at its shift: 1 TRUE, 2 FALSE.
+FABRIC_STATES = {"not_supported": 0, "not_started": 1, "in_progress": 2, "completed": 3}
+FABRIC_FLAGS = {"degraded_bandwidth": 0, "route_recovery": 2, "route_unhealthy": 4, "access_timeout_recovery": 6}
+# The 4-bit incorrect-configuration field at shift 8 (1 NONE); partition_assigned (12) and gfm_state (14)
+# are left NOT_SUPPORTED (0), as on a single-node HGX baseboard.
+FABRIC_CONFIGURATION_SHIFT = 8
+FABRIC_CONFIGURATIONS = {"incorrect_sysguid": 2, "incorrect_chassis_sn": 3, "no_partition": 4,
+                         "insufficient_nvlinks": 5, "incompatible_gpu_fw": 6, "invalid_location": 7,
+                         "gpu_state_invalid": 8}
+FABRIC_HEALTH_NAMES = (*FABRIC_FLAGS, *FABRIC_CONFIGURATIONS)
 # Error names a scenario may use: pynvml's NVML_ERROR_* constants without the prefix.
 ERROR_CODES = {name.removeprefix("NVML_ERROR_"): value for name, value in vars(pynvml).items()
                if name.startswith("NVML_ERROR_") and isinstance(value, int)}
@@ -220,6 +234,77 @@ class RecoveryActionEvent:
 
 
 @dataclass(frozen=True)
+class Fabric:
+    """What nvmlDeviceGetGpuFabricInfo(V) answers for a GPU on an NVSwitch fabric."""
+
+    state: Timeline  # FABRIC_STATES values
+    status: Timeline  # nvmlReturn_t of the probe (0 success)
+    health: Timeline  # the healthMask
+    clique_id: int = 0
+    cluster_uuid: bytes = bytes(16)
+
+    def health_summary(self, t: float) -> int:
+        """v3's healthSummary: 1 healthy, 2 unhealthy, 3 limited capacity (degraded bandwidth alone)."""
+        mask = self.health.at(t)
+        bad = {name for name, shift in FABRIC_FLAGS.items() if (mask >> shift) & 0x3 == 1}
+        if (mask >> FABRIC_CONFIGURATION_SHIFT) & 0xF not in (0, 1):
+            bad.add("incorrect_configuration")
+        if not bad:
+            return 1
+        return 3 if bad == {"degraded_bandwidth"} else 2
+
+
+def fabric_mask(names: list[str] | tuple[str, ...]) -> int:
+    """The healthMask a driver reports with these problems: every flag TRUE or FALSE, the configuration
+    the named one or NONE."""
+    mask = 0
+    for flag, shift in FABRIC_FLAGS.items():
+        mask |= (1 if flag in names else 2) << shift
+    configurations = [FABRIC_CONFIGURATIONS[n] for n in names if n in FABRIC_CONFIGURATIONS]
+    return mask | (configurations[0] if configurations else 1) << FABRIC_CONFIGURATION_SHIFT
+
+
+def _fabric_state(value: Any, where: str) -> int:
+    if value in FABRIC_STATES:
+        return FABRIC_STATES[value]
+    raise ConfigError(f"{where}: want one of {', '.join(FABRIC_STATES)}, got {value!r}")
+
+
+def _fabric_status(value: Any, where: str) -> int:
+    return 0 if str(value).upper() == "SUCCESS" else _error_code(value, where)
+
+
+def _fabric_health(value: Any, where: str) -> int:
+    """A list of problem names, or the healthMask as a number."""
+    if isinstance(value, list):
+        unknown = [v for v in value if v not in FABRIC_HEALTH_NAMES]
+        if unknown:
+            raise ConfigError(f"{where}: unknown fabric health {unknown[0]!r} (use {', '.join(FABRIC_HEALTH_NAMES)})")
+        if sum(v in FABRIC_CONFIGURATIONS for v in value) > 1:
+            raise ConfigError(f"{where}: at most one incorrect configuration")
+        return fabric_mask(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2 ** 32:
+        raise ConfigError(f"{where}: want a list of health problems or a 32-bit mask, got {value!r}")
+    return value
+
+
+def _fabric(data: Any, where: str, model: dict[str, Any]) -> Fabric | None:
+    """`fabric: none` (or a model without one): the calls answer NOT_SUPPORTED."""
+    if data == "none" or (data is None and not model["fabric"]):
+        return None
+    data = _keys(data if data is not None else {}, where, set(), {"state", "status", "health", "clique_id"})
+
+    raw_health = data.get("health", [])
+    if isinstance(raw_health, list) and all(isinstance(v, str) for v in raw_health):
+        health = Timeline.constant(_fabric_health(raw_health, f"{where}.health"))  # names: a constant
+    else:
+        health = _timeline(raw_health, f"{where}.health", _fabric_health)
+    return Fabric(state=_timeline(data.get("state", "completed"), f"{where}.state", _fabric_state),
+                  status=_timeline(data.get("status", "SUCCESS"), f"{where}.status", _fabric_status),
+                  health=health, clique_id=_count(data.get("clique_id", 0), f"{where}.clique_id"))
+
+
+@dataclass(frozen=True)
 class GPU:
     uuid: str
     pci_bus_id: str  # NVML's form: 00000000:18:00.0
@@ -250,6 +335,7 @@ class GPU:
     nvlink_state: dict[int, Timeline] = field(default_factory=dict)  # link -> state; default active
     nvlink_errors: dict[tuple[int, str], Timeline | Rate] = field(default_factory=dict)  # (link, counter)
     pcie_replays: Timeline | Rate = field(default_factory=lambda: Timeline.constant(0))
+    fabric: Fabric | None = None  # None: no NVSwitch fabric (the fabric calls answer NOT_SUPPORTED)
 
     def lost(self, t: float) -> bool:
         return self.lost_at is not None and t >= self.lost_at
@@ -295,6 +381,9 @@ class Scenario:
     start: float
     gpus: tuple[GPU, ...]
     faults: tuple[Fault, ...] = field(default=())  # node-level calls: count, driver version
+    # The newest nvmlGpuFabricInfo struct version nvmlDeviceGetGpuFabricInfoV takes (2: healthMask,
+    # 3: and healthSummary); a newer one answers ARGUMENT_VERSION_MISMATCH.
+    fabric_info_version: int = 3
 
 
 def _error_code(value: Any, where: str) -> int:
@@ -333,7 +422,7 @@ def _gpu(data: Any, where: str, known_functions: frozenset[str], index: int) -> 
     data = _keys(data, where, {"uuid", "pci_bus_id"}, {
         "model", "name", "serial", "pci_device_id", "pci_subsystem_id", "minor", "remapped_rows", "pending",
         "failure", "histogram", "banks", "resets", "pcie", "lost_at", "errors", "xids", "recovery_actions",
-        "clock_events", "violations", "nvlink"})
+        "clock_events", "violations", "nvlink", "fabric"})
     model = MODELS.get(str(data.get("model", "h100-sxm")))
     if model is None:
         raise ConfigError(f"{where}.model: want one of {', '.join(MODELS)}, got {data['model']!r}")
@@ -394,6 +483,7 @@ def _gpu(data: Any, where: str, known_functions: frozenset[str], index: int) -> 
         violations={p: _counter(v, f"{where}.violations.{p}", _amount) for p, v in violations.items()},
         event_seconds={r: _counter(v, f"{where}.clock_events.seconds.{r}", _amount) for r, v in event_seconds.items()},
         pcie_replays=_counter(pcie.get("replays", 0), f"{where}.pcie.replays", _count),
+        fabric=_fabric(data.get("fabric"), f"{where}.fabric", model),
         **_nvlink(data.get("nvlink", {}), f"{where}.nvlink", model),
     )
 
@@ -430,7 +520,11 @@ def _nvlink(data: Any, where: str, model: dict[str, Any]) -> dict[str, Any]:
 
 def build(data: Any, known_functions: frozenset[str]) -> Scenario:
     data = _keys(data, "scenario", {"gpus"}, {"driver", "speedup", "start", "errors", "description"})
-    driver = _keys(data.get("driver", {}), "driver", set(), {"version", "init_error", "missing_functions"})
+    driver = _keys(data.get("driver", {}), "driver", set(), {"version", "init_error", "missing_functions",
+                                                              "fabric_info_version"})
+    fabric_version = driver.get("fabric_info_version", 3)
+    if fabric_version not in (2, 3) or isinstance(fabric_version, bool):
+        raise ConfigError(f"driver.fabric_info_version: want 2 or 3, got {fabric_version!r}")
     missing = driver.get("missing_functions", [])
     for name in missing:
         if name not in known_functions:
@@ -453,6 +547,7 @@ def build(data: Any, known_functions: frozenset[str]) -> Scenario:
         start=seconds(data.get("start", 0), "start"),
         gpus=gpus,
         faults=_faults(data.get("errors", []), "errors", known_functions),
+        fabric_info_version=fabric_version,
     )
 
 

@@ -1,4 +1,4 @@
-"""NVIDIA GPUs on the PCI bus, from <sysfs>/bus/pci/devices.
+"""NVIDIA GPUs (and NVSwitches, counted) on the PCI bus, from <sysfs>/bus/pci/devices.
 
 Two kinds of file are read, and they answer different questions:
 
@@ -28,6 +28,8 @@ from gpunode_exporter.sysfs import read_attribute
 
 NVIDIA_VENDOR_ID = 0x10DE
 DISPLAY_BASE_CLASS = 0x03  # 0x0300 VGA, 0x0301 XGA, 0x0302 3D controller, 0x0380 other display
+# NVSwitches are "other bridge" functions: class 0x068000 (kernel log "Class = 0x68000", lspci "Bridge [0680]").
+OTHER_BRIDGE_CLASS = 0x0680
 
 # Unprivileged readers get only the first 64 bytes of config; the header fields
 # needed (vendor, device, revision, class) are all in the first 12.
@@ -114,16 +116,21 @@ def _responding(device_dir: str) -> bool | None:
 
 
 _NOT_A_GPU = (-1, -1)
+_NVSWITCH = (-2, -2)
 
 
 def _identify(device_dir: Path) -> tuple[int, int] | None:
-    """(device id, revision) of an NVIDIA display controller, _NOT_A_GPU for anything else,
-    None when the cached attributes cannot be read (try again later)."""
+    """(device id, revision) of an NVIDIA display controller, _NVSWITCH for an NVIDIA class-0x0680
+    function, _NOT_A_GPU for anything else, None when the cached attributes cannot be read (try
+    again later)."""
     try:
         if _read_hex(device_dir / "vendor") != NVIDIA_VENDOR_ID:
             return _NOT_A_GPU
-        if _read_hex(device_dir / "class") >> 16 != DISPLAY_BASE_CLASS:
-            return _NOT_A_GPU  # NVSwitch (0x0680), HD audio (0x0403), USB-C (0x0c03) functions
+        pci_class = _read_hex(device_dir / "class")
+        if pci_class >> 8 == OTHER_BRIDGE_CLASS:
+            return _NVSWITCH
+        if pci_class >> 16 != DISPLAY_BASE_CLASS:
+            return _NOT_A_GPU  # HD audio (0x0403), USB-C (0x0c03) functions
         return _read_hex(device_dir / "device"), _read_hex(device_dir / "revision")
     except (OSError, ValueError):  # ValueError includes UnicodeDecodeError
         # A file missing or unreadable: the device directory is half gone (a
@@ -141,6 +148,7 @@ class BusScanner:
 
     def __init__(self, sysfs: Path) -> None:
         self.devices = sysfs / "bus" / "pci" / "devices"
+        self.nvswitches = 0  # NVSwitches the last scan found
         # name -> (sort key, canonical address, identity); only devices identified for good.
         self._known: dict[str, tuple[tuple[int, int, int, int], str, tuple[int, int]]] = {}
 
@@ -149,10 +157,12 @@ class BusScanner:
         try:
             names = os.listdir(self.devices)
         except (FileNotFoundError, NotADirectoryError):
+            self.nvswitches = 0
             return []
         for gone in self._known.keys() - set(names):  # hot-removed: forget, re-read if it returns
             del self._known[gone]
         found: list[tuple[tuple[int, int, int, int], PCIGPU]] = []
+        switches = 0
         for name in names:
             known = self._known.get(name)
             if known is None:
@@ -165,10 +175,13 @@ class BusScanner:
                     continue  # unreadable for now: try again next scan
                 known = self._known[name] = (key, canonical_bus_id(name), identity)
             key, address, identity = known
-            if identity is _NOT_A_GPU:
+            if identity is _NVSWITCH:
+                switches += 1
+            if identity is _NOT_A_GPU or identity is _NVSWITCH:
                 continue
             device_id, revision = identity
             found.append((key, PCIGPU(address, device_id, revision, _responding(os.path.join(self.devices, name)))))
+        self.nvswitches = switches
         # Numeric order, so that domain 10000 sorts after ffff.
         return [gpu for _, gpu in sorted(found, key=lambda item: item[0])]
 
