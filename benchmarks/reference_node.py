@@ -74,7 +74,7 @@ def _sunrpc(proc: Path) -> None:
 def _nics(sys_root: Path) -> None:
     """Two more ConnectX-7s like the fixture's mlx5_0 (stor0): netdev and RoCE port."""
     template = (sys_root / "class" / "infiniband" / "mlx5_0").resolve()
-    for index, netdev in ((2, "stor2"), (3, "stor3")):
+    for index, netdev in ((3, "stor2"), (4, "stor3")):  # mlx5_2 is the fixture's InfiniBand port
         ibdev = sys_root / "class" / "infiniband" / f"mlx5_{index}"
         shutil.copytree(template, ibdev, symlinks=False, ignore=shutil.ignore_patterns("device"))
         ndevs = ibdev / "ports" / "1" / "gid_attrs" / "ndevs"

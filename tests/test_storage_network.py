@@ -10,7 +10,7 @@ import pytest
 
 from gpunode_exporter.collector.base import Context
 from gpunode_exporter.collector.storage_network import StorageNetworkCollector
-from gpunode_exporter.config import Config, StorageConfig
+from gpunode_exporter.config import Config, FabricConfig, StorageConfig
 from tests.helpers import collect_samples, ethtool_fixture
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -30,8 +30,8 @@ class FixtureEthtool:
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
 
 
-def collector(interfaces: tuple[str, ...] = ()) -> StorageNetworkCollector:
-    cfg = Config(storage=StorageConfig(interfaces=interfaces))
+def collector(interfaces: tuple[str, ...] = (), ports_expected: int | None = None) -> StorageNetworkCollector:
+    cfg = Config(storage=StorageConfig(interfaces=interfaces), fabric=FabricConfig(ports_expected=ports_expected))
     c = StorageNetworkCollector(Context(procfs=FIXTURES / "procfs" / "datapath", sysfs=FIXTURES / "sysfs" / "dgx-h100",
                                         config=cfg, route_lookup=ROUTES.get))
     c._ethtool = FixtureEthtool()  # type: ignore[assignment]
@@ -52,12 +52,21 @@ def test_interfaces_speed_rdma_and_pfc(caplog: pytest.LogCaptureFixture) -> None
     assert pfc[("stor0", "rx", "3")] == expected["rx_prio3_pause"]
     assert pfc[("stor0", "tx", "3")] == expected["tx_prio3_pause"]
     assert {device for device, _, _ in pfc} == {"stor0"}
-    assert set(c._ethtool.asked) == {"stor0", "enp64s0np0"}  # storage interfaces and RoCE netdevs
-    assert s["gpunode_rdma_port_info"][(("device", "mlx5_0"), ("link_layer", "Ethernet"), ("netdev", "stor0"),
-                                        ("port", "1"))] == 1
+    # storage interfaces and RoCE netdevs; not the InfiniBand port's IPoIB netdev (no pause frames on IB)
+    assert set(c._ethtool.asked) == {"stor0", "enp64s0np0"}
+    assert {tuple(v for _, v in k) for k in s["gpunode_rdma_port_info"]} == {
+        ("mlx5_0", "Ethernet", "stor0", "0000:18:00.0", "1"),
+        ("mlx5_1", "Ethernet", "enp64s0np0", "0000:40:00.0", "1"),
+        ("mlx5_2", "InfiniBand", "ibp79s0", "0000:4f:00.0", "1")}
+    assert "gpunode_fabric_ports_expected" not in s  # fabric.ports_expected unset
     assert s["gpunode_rdma_cnp_handled_total"][(("device", "mlx5_0"), ("port", "1"))] == 95113
     logged = [r.message for r in caplog.records if "ethtool" in r.message]
     assert logged == ["ethtool statistics of enp64s0np0: Operation not supported (no PFC series for it)"]
+
+
+def test_fabric_ports_expected() -> None:
+    s = collect_samples(collector(ports_expected=8))
+    assert s["gpunode_fabric_ports_expected"] == {(): 8}
 
 
 def test_no_route_no_interface() -> None:

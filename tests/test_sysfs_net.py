@@ -140,11 +140,12 @@ def test_link_speed_of_a_veth_up_and_down() -> None:
 # --- rdma_ports: the fixture -----------------------------------------------------------------------
 
 
-def test_dgx_has_two_roce_ports_with_their_netdevs() -> None:
-    ports = rdma_ports(DGX)
-    assert [(p.device, p.port, p.netdev, p.link_layer) for p in ports] == [
-        ("mlx5_0", "1", "stor0", "Ethernet"),
-        ("mlx5_1", "1", "enp64s0np0", "Ethernet"),
+def test_dgx_has_two_roce_ports_and_an_infiniband_port_with_their_netdevs() -> None:
+    ports = rdma_ports(DGX)  # the committed tree, without `device` links: the class link finds the function
+    assert [(p.device, p.port, p.netdev, p.link_layer, p.pci_address) for p in ports] == [
+        ("mlx5_0", "1", "stor0", "Ethernet", "0000:18:00.0"),
+        ("mlx5_1", "1", "enp64s0np0", "Ethernet", "0000:40:00.0"),
+        ("mlx5_2", "1", "ibp79s0", "InfiniBand", "0000:4f:00.0"),  # its IPoIB netdev
     ]
     # The netdev is the one on the same PCI function.
     for port in ports:
@@ -156,7 +157,9 @@ def test_dgx_has_two_roce_ports_with_their_netdevs() -> None:
 def test_dgx_hw_counters_are_the_real_mlx5_list() -> None:
     ports = by_device(rdma_ports(DGX))
     for port in ports.values():
-        assert set(port.hw_counters) == REAL_MLX5_HW_COUNTERS  # lifespan left out
+        roce = REAL_MLX5_HW_COUNTERS if port.link_layer == "Ethernet" else {
+            name for name in REAL_MLX5_HW_COUNTERS if not name.startswith(("np_", "rp_", "roce_"))}
+        assert set(port.hw_counters) == roce  # lifespan left out
     storage = ports["mlx5_0"].hw_counters
     assert storage["np_ecn_marked_roce_packets"] == 184302
     assert storage["np_cnp_sent"] == 61877
@@ -217,7 +220,7 @@ def test_port_without_hw_counters(sysfs: Path) -> None:
     # A container's view in shared RDMA namespace mode has no hw_counters directory.
     shutil.rmtree(port_dir(sysfs, "mlx5_1") / "hw_counters")
     ports = by_device(rdma_ports(sysfs))
-    assert ports["mlx5_1"] == RDMAPort("mlx5_1", "1", "enp64s0np0", "Ethernet", {})
+    assert ports["mlx5_1"] == RDMAPort("mlx5_1", "1", "enp64s0np0", "Ethernet", {}, pci_address="0000:40:00.0")
     assert ports["mlx5_0"].hw_counters
 
 
@@ -248,15 +251,51 @@ def test_fallback_with_several_netdevs_on_one_function(sysfs: Path) -> None:
     assert by_device(rdma_ports(sysfs))["mlx5_0"].netdev == ""  # two claim port 1: unknown
 
 
-def test_infiniband_and_unknown_link_layers_have_no_netdev(sysfs: Path) -> None:
+def test_infiniband_port_netdev_is_the_functions_and_unknown_link_layers_have_none(sysfs: Path) -> None:
     (port_dir(sysfs, "mlx5_0") / "link_layer").write_text("InfiniBand\n")
     (port_dir(sysfs, "mlx5_1") / "link_layer").write_text("Unknown\n")
+    # InfiniBand: the GID table is not read (an IB GID has no netdev); the function's only netdev is.
+    (port_dir(sysfs, "mlx5_0") / "gid_attrs" / "ndevs" / "0").write_text("enp64s0np0\n")
     ports = by_device(rdma_ports(sysfs))
-    assert (ports["mlx5_0"].link_layer, ports["mlx5_0"].netdev) == ("InfiniBand", "")
+    assert (ports["mlx5_0"].link_layer, ports["mlx5_0"].netdev) == ("InfiniBand", "stor0")
     assert (ports["mlx5_1"].link_layer, ports["mlx5_1"].netdev) == ("", "")
     assert ports["mlx5_0"].hw_counters["np_cnp_sent"] == 61877  # counters are read all the same
     (port_dir(sysfs, "mlx5_0") / "link_layer").unlink()
     assert by_device(rdma_ports(sysfs))["mlx5_0"].link_layer == ""
+
+
+def test_infiniband_netdev_ambiguous_is_unknown(sysfs: Path) -> None:
+    """An IPoIB child interface (a P_Key, ib0.8001) on the same function and port: no guess."""
+    function = (sysfs / "class" / "net" / "ibp79s0").resolve().parent.parent
+    child = function / "net" / "ibp79s0.8001"
+    shutil.copytree(function / "net" / "ibp79s0", child, symlinks=True)
+    assert by_device(rdma_ports(sysfs))["mlx5_2"].netdev == ""
+    (child / "dev_port").write_text("1\n")  # a second port's netdev: this port's is clear again
+    assert by_device(rdma_ports(sysfs))["mlx5_2"].netdev == "ibp79s0"
+
+
+def test_pci_address_of_a_software_device_is_unknown(sysfs: Path) -> None:
+    """rxe (soft RoCE) lives under devices/virtual, its device link to the netdev's function: not itself."""
+    rxe = sysfs / "devices" / "virtual" / "infiniband" / "rxe0"
+    shutil.copytree(port_dir(sysfs, "mlx5_1").parent.parent, rxe, symlinks=True)
+    (sysfs / "class" / "infiniband" / "rxe0").symlink_to("../../devices/virtual/infiniband/rxe0")
+    ports = by_device(rdma_ports(sysfs))
+    assert ports["rxe0"].pci_address == "" and ports["rxe0"].netdev == "enp64s0np0"  # its GID table's netdev
+    assert ports["mlx5_1"].pci_address == "0000:40:00.0"
+
+
+def test_pci_address_from_the_device_link(sysfs: Path) -> None:
+    """A class entry that is not under its function (an odd kernel or a copied tree): IBDEV/device."""
+    ibdev = sysfs / "class" / "infiniband" / "mlx5_1"
+    function = ibdev.resolve().parent.parent
+    moved = sysfs / "devices" / "elsewhere" / "mlx5_1"
+    moved.parent.mkdir()
+    shutil.move(str(ibdev.resolve()), moved)
+    ibdev.unlink()
+    ibdev.symlink_to(os.path.relpath(moved, ibdev.parent))
+    (moved / "device").unlink()
+    (moved / "device").symlink_to(os.path.relpath(function, moved))
+    assert by_device(rdma_ports(sysfs))["mlx5_1"].pci_address == "0000:40:00.0"
 
 
 def test_gid_ndev_names_are_checked(sysfs: Path) -> None:
@@ -279,11 +318,11 @@ def test_devices_and_ports_in_numeric_order(tmp_path: Path) -> None:
 
 def test_a_device_without_ports_is_skipped(sysfs: Path) -> None:
     shutil.rmtree(port_dir(sysfs, "mlx5_0").parent)
-    assert [p.device for p in rdma_ports(sysfs)] == ["mlx5_1"]
+    assert [p.device for p in rdma_ports(sysfs)] == ["mlx5_1", "mlx5_2"]
 
 
 def test_fixture_links_are_relative_like_the_kernels(sysfs: Path) -> None:
-    for cls, names in (("net", ["enp64s0np0", "stor0"]), ("infiniband", ["mlx5_0", "mlx5_1"])):
+    for cls, names in (("net", ["enp64s0np0", "ibp79s0", "stor0"]), ("infiniband", ["mlx5_0", "mlx5_1", "mlx5_2"])):
         links = sysfs / "class" / cls
         assert sorted(os.listdir(links)) == names
         for name in names:

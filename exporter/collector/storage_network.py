@@ -1,4 +1,5 @@
-"""The network under the checkpoint path: storage interfaces' link speed, RoCE congestion, PFC pauses."""
+"""The network under the checkpoint path and the GPUs' fabric: storage interfaces' link speed, RDMA ports
+(which netdev and PCI function each is, how many should be up), RoCE congestion, PFC pauses."""
 
 from __future__ import annotations
 
@@ -28,8 +29,11 @@ PFC_PAUSE = MetricSpec("gpunode_network_pfc_pause_frames_total", "counter",
                        "sent (tx: we asked the peer to stop), from the driver's ethtool statistics.",
                        ("device", "direction", "priority"))
 RDMA_PORT_INFO = MetricSpec("gpunode_rdma_port_info", "gauge",
-                            "An RDMA port, its link layer and the netdev behind it (RoCE).",
-                            (*_PORT, "netdev", "link_layer"))
+                            "An RDMA port, its link layer, its netdev (RoCE: the Ethernet one; InfiniBand: IPoIB; "
+                            "'' unknown) and its PCI function ('' unknown).",
+                            (*_PORT, "netdev", "link_layer", "pci_address"))
+PORTS_EXPECTED = MetricSpec("gpunode_fabric_ports_expected", "gauge",
+                            "RDMA ports that should be ACTIVE on this node (fabric.ports_expected in --config.file).")
 RDMA_COUNTERS = {name: MetricSpec(f"gpunode_rdma_{spec.suffix}_total", "counter", f"{spec.help} ({name})", _PORT)
                  for name, spec in net.RDMA_COUNTERS.items()}
 
@@ -58,8 +62,10 @@ def storage_interfaces(ctx: Context) -> dict[str, str]:
 @register
 class StorageNetworkCollector(Collector):
     name = "storage_network"
-    description = "Storage interfaces (routes to NFS servers): link speed, RoCE ECN/CNP counters, PFC pauses."
-    metrics = (STORAGE_INTERFACE, LINK_SPEED, PFC_PAUSE, RDMA_PORT_INFO, *RDMA_COUNTERS.values(), PARSE_ERRORS)
+    description = ("Storage interfaces (routes to NFS servers): link speed, RoCE ECN/CNP counters, PFC pauses; "
+                   "and RDMA ports.")
+    metrics = (STORAGE_INTERFACE, LINK_SPEED, PFC_PAUSE, RDMA_PORT_INFO, PORTS_EXPECTED, *RDMA_COUNTERS.values(),
+               PARSE_ERRORS)
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -77,20 +83,25 @@ class StorageNetworkCollector(Collector):
             if bytes_per_second is not None:
                 speed.add((device,), bytes_per_second)
         yield from (interfaces, speed)
-        # PFC on the storage interfaces and on every RoCE port's netdev (GPU traffic shares the fabric).
+        # PFC on the storage interfaces and on every RoCE port's netdev (GPU traffic shares the fabric);
+        # InfiniBand has credit-based flow control, no pause frames.
         pfc = PFC_PAUSE.family()
-        for device in sorted(set(storage) | {p.netdev for p in ports if p.netdev}):
+        for device in sorted(set(storage) | {p.netdev for p in ports if p.netdev and p.link_layer == "Ethernet"}):
             for (direction, priority), frames in sorted(self._pfc(device).items()):
                 pfc.add((device, direction, priority), frames)
         yield pfc
         info = RDMA_PORT_INFO.family()
         counters = {name: spec.family() for name, spec in RDMA_COUNTERS.items()}
         for port in ports:
-            info.add((port.device, port.port, port.netdev, port.link_layer), 1)
+            info.add((port.device, port.port, port.netdev, port.link_layer, port.pci_address), 1)
             for name, value in port.hw_counters.items():
                 if name in counters:
                     counters[name].add((port.device, port.port), value)
         yield info
+        expected = PORTS_EXPECTED.family()
+        if self.ctx.config.fabric.ports_expected is not None:
+            expected.add((), self.ctx.config.fabric.ports_expected)
+        yield expected
         yield from counters.values()
         self._parse_errors += sum(port.malformed for port in ports)
         errors = PARSE_ERRORS.family()

@@ -1,5 +1,5 @@
 """Network links and RDMA ports from sysfs: a netdev's link speed, and each RDMA port's
-link layer, Ethernet netdev and hardware counters.
+link layer, netdev, PCI function and hardware counters.
 
 What the kernel exposes, and where (drivers/infiniband/core/sysfs.c, net/core/net-sysfs.c):
 
@@ -27,6 +27,13 @@ What the kernel exposes, and where (drivers/infiniband/core/sysfs.c, net/core/ne
   own netdevs, IBDEV/device/net/*: right for one netdev per function (mlx5) or,
   with several, the one whose dev_port is N-1 (mlx4's two ports on one
   function); ambiguous otherwise (switchdev representors), and then unknown.
+- The PCI function of an RDMA device: class/infiniband/IBDEV links to
+  devices/.../FUNCTION/infiniband/IBDEV (ib_register_device() makes the device's
+  parent the PCI function), and IBDEV/device links to FUNCTION as well. A software
+  device (rxe, siw) lives under devices/virtual and has no PCI function.
+- An InfiniBand port's netdev is its IPoIB interface (ib0, ibp24s0), a child of the
+  same PCI function: found by the function's-netdevs rule above, so that carrier
+  changes and the kernel's link lines of the interface can be put on the port.
 
 Nothing here raises for one bad device or file: an unreadable value is None,
 an unreadable counter is left out, a port whose directory vanished is skipped.
@@ -43,6 +50,7 @@ from typing import NamedTuple
 
 from gpunode_exporter.numbers import KernelNumberError, s64, u64
 from gpunode_exporter.sysfs import read_line
+from gpunode_exporter.sysfs.pci import canonical_bus_id
 
 # SPEED_UNKNOWN (include/uapi/linux/ethtool.h: (__u32)-1) as "%d" and as "%u".
 _UNKNOWN_SPEEDS = frozenset({-1, 0xFFFFFFFF})
@@ -143,10 +151,11 @@ class RDMAPort:
 
     device: str  # mlx5_0
     port: str  # "1"
-    netdev: str  # the Ethernet netdev behind a RoCE port ("" for InfiniBand or unknown)
+    netdev: str  # the Ethernet netdev behind a RoCE port, the IPoIB one of an InfiniBand port ("" unknown)
     link_layer: str  # "Ethernet" | "InfiniBand" | "" (ports/N/link_layer)
     hw_counters: dict[str, int]  # every file in ports/N/hw_counters that holds an integer (not lifespan)
     malformed: int = 0  # hw_counters files holding something no kernel prints ("+7", "-5", "1_000")
+    pci_address: str = ""  # the device's PCI function, canonical (0000:18:00.0); "" when it has none or unknown
 
 
 def _natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
@@ -186,9 +195,25 @@ def _hw_counters(directory: str | Path, names: Collection[str] | None = None) ->
     return counters, malformed
 
 
-def _netdev_of_function(ibdev: str, port: str) -> str:
-    """The fallback: the netdev of the RDMA device's own PCI function."""
-    net = os.path.join(ibdev, "device", "net")
+def _function_of(ibdev: str) -> str:
+    """The directory of the RDMA device's PCI function (or whatever its parent is: check the name)."""
+    parent = os.path.dirname(os.path.realpath(ibdev))
+    if os.path.basename(parent) == "infiniband":  # devices/.../FUNCTION/infiniband/IBDEV
+        return os.path.dirname(parent)
+    return os.path.realpath(os.path.join(ibdev, "device"))
+
+
+def pci_address(function: str) -> str:
+    """The canonical PCI address a function directory is named by, "" for anything else (devices/virtual)."""
+    try:
+        return canonical_bus_id(os.path.basename(function))
+    except ValueError:
+        return ""
+
+
+def _netdev_of_function(function: str, port: str) -> str:
+    """The netdev of the RDMA device's own PCI function: its only one, or the one for this port."""
+    net = os.path.join(function, "net")
     names = [name for name in _listdir(net) if _valid_name(name)]
     if len(names) == 1:
         return names[0]
@@ -198,14 +223,14 @@ def _netdev_of_function(ibdev: str, port: str) -> str:
     return matches[0] if len(matches) == 1 else ""
 
 
-def _roce_netdev(ibdev: str, port: str) -> str:
+def _roce_netdev(ibdev: str, function: str, port: str) -> str:
     """The netdev the RDMA core uses for a RoCE port, "" if it cannot tell."""
     ndevs = os.path.join(ibdev, "ports", port, "gid_attrs", "ndevs")
     for index in ("0", "1"):  # the default GIDs; "1" covers a device with only RoCE v2 there
         name = read_line(os.path.join(ndevs, index))
         if name and _valid_name(name):
             return name
-    return _netdev_of_function(ibdev, port)
+    return _netdev_of_function(function, port)
 
 
 def rdma_ports(sysfs: Path, counters: Collection[str] | None = None) -> list[RDMAPort]:
@@ -216,6 +241,8 @@ def rdma_ports(sysfs: Path, counters: Collection[str] | None = None) -> list[RDM
     found: list[RDMAPort] = []
     for device in sorted(_listdir(root), key=_natural_key):
         ibdev = os.path.join(root, device)
+        function = _function_of(ibdev)
+        address = pci_address(function)
         for port in sorted((p for p in _listdir(os.path.join(ibdev, "ports")) if p.isdigit()), key=int):
             port_dir = os.path.join(ibdev, "ports", port)
             if not os.path.isdir(port_dir):
@@ -223,8 +250,12 @@ def rdma_ports(sysfs: Path, counters: Collection[str] | None = None) -> list[RDM
             link_layer = read_line(os.path.join(port_dir, "link_layer")) or ""
             if link_layer not in ("Ethernet", "InfiniBand"):
                 link_layer = ""  # "Unknown" (iWARP and others), or unreadable
-            # An InfiniBand port has no Ethernet netdev (ib0 is IPoIB, a separate device).
-            netdev = _roce_netdev(ibdev, port) if link_layer == "Ethernet" else ""
+            if link_layer == "Ethernet":
+                netdev = _roce_netdev(ibdev, function, port)
+            elif link_layer == "InfiniBand" and address:
+                netdev = _netdev_of_function(function, port)  # IPoIB
+            else:
+                netdev = ""
             hw_counters = _hw_counters(os.path.join(port_dir, "hw_counters"), counters)
-            found.append(RDMAPort(device, port, netdev, link_layer, *hw_counters))
+            found.append(RDMAPort(device, port, netdev, link_layer, *hw_counters, pci_address=address))
     return found
