@@ -17,6 +17,7 @@ import pytest
 
 from fleet import fabric, harness, jobcluster, jobreplay, scenario, score
 from fleet.simulate import Fleet, node_name
+from gpunode_exporter.collector import gpu, storage_network
 from tests.helpers import free_port, parse_exposition, wait_for_port
 
 pytestmark = pytest.mark.xdist_group("replay")  # a rule replay runs one vmalert per CPU
@@ -26,11 +27,10 @@ FAMILIES = {"port_down", "port_flapping", "port_degraded", "fabric_not_ready"}
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
 STATES = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE"}
 PHYS = {2: "Polling", 3: "Disabled", 5: "LinkUp"}
-# The exporter's label names (docs/metrics.md, the fabric metrics).
-EXPORTER = {"gpunode_rdma_port_info": {"device", "port", "netdev", "link_layer", "pci_address"},
-            "gpunode_fabric_ports_expected": set(), "gpunode_nvswitches_expected": set(),
-            "gpunode_nvswitches_visible": {"source"}, "gpunode_gpu_fabric_state": {"gpu", "uuid"},
-            "gpunode_gpu_fabric_healthy": {"gpu", "uuid"}}
+# The exporter's fabric metrics: the simulator's label names must be theirs.
+EXPORTER = {spec.name: set(spec.labels) for spec in (
+    storage_network.RDMA_PORT_INFO, storage_network.PORTS_EXPECTED, gpu.FABRIC_STATE, gpu.FABRIC_HEALTHY,
+    gpu.NVSWITCHES_VISIBLE, gpu.NVSWITCHES_EXPECTED)}
 
 
 def _fleet() -> Fleet:
@@ -114,14 +114,18 @@ def test_flaps_show_in_the_counters_while_every_scrape_reads_active() -> None:
     # Its link_downed stood at 255 before: it counts none of them; the carrier and the kernel count each.
     assert (series[("node_infiniband_link_downed_total", p)] == 255).all()
     down = series[("node_network_carrier_down_changes_total", (("device", port.netdev),))]
-    kernel = np.nan_to_num(series[("gpunode_kernel_events_total", (("device", port.netdev), ("kind", "nic_link_down")))])
+    lines = (("device", port.netdev), ("kind", "nic_link_down"))
+    kernel = np.nan_to_num(series[("gpunode_kernel_events_total", lines)])
     hour = int(3600 / SELFTEST.step)
     for counted in (down, kernel):
         assert counted[during][hour] - counted[during][0] >= 3  # the alert's threshold within its first hour
     # The exporter's label names; the IPoIB netdev of each InfiniBand port on its PCI function.
+    names = set()
     for (name, labels), _values in _node(fleet, 0).items():
         if name in EXPORTER:
             assert {k for k, _v in labels} == EXPORTER[name], name
+            names.add(name)
+    assert names == set(EXPORTER)
     info = {dict(labels)["device"]: dict(labels) for (name, labels) in series if name == "gpunode_rdma_port_info"}
     assert info["mlx5_0"]["netdev"] == "ibp24s0" and info["mlx5_0"]["pci_address"] == "0000:18:00.0"
     assert info["mlx5_4"]["link_layer"] == "Ethernet"
