@@ -12,9 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpunode_exporter.sysfs import net
 from gpunode_exporter.sysfs.net import RDMA_COUNTERS, RDMAPort, link_speed_bytes, rdma_ports
+from gpunode_exporter.sysfs.pci import canonical_bus_id
 from tests.helpers import add_device_links
 from tests.netns import STORAGE_DEVICE, storage_netns
 
@@ -330,3 +333,9 @@ def test_fixture_links_are_relative_like_the_kernels(sysfs: Path) -> None:
             assert target.startswith("../../devices/pci0000:"), target
             assert (links / name).resolve().is_relative_to(sysfs.resolve() / "devices")
             assert os.readlink(links / name / "device").startswith("../../../0000:")
+
+
+@given(st.one_of(st.text(), st.from_regex(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9]", fullmatch=True)))
+def test_pci_address_is_canonical_or_empty(name: str) -> None:
+    address = net.pci_address(os.path.join("/sys/devices/pci0000:15", name))
+    assert address == "" or canonical_bus_id(address) == address
