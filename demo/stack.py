@@ -149,7 +149,9 @@ class Stack:
 
     def _exporter_command(self, node: SimulatedNode, ns: Namespace) -> list[str]:
         config = node.root / "exporter.yml"
-        config.write_text(yaml.safe_dump({"gpu": {"expected_count": len(node.scenario.nvml["gpus"])},
+        # The node's sysfs is the DGX H100 fixture's: four NVSwitches on its baseboard.
+        config.write_text(yaml.safe_dump({"gpu": {"expected_count": len(node.scenario.nvml["gpus"]),
+                                                  "nvswitches_expected": 4},
                                           "staging": {"paths": [str(node.staging)]}}))
         return ["ip", "netns", "exec", ns.name, sys.executable, "-m", "gpunode_exporter",
                 "--path.procfs", str(node.procfs), "--path.sysfs", str(node.sysfs), "--path.kmsg", str(node.kmsg),

@@ -45,9 +45,12 @@ GRAFANA_RANGE = "1h"
 # and the few more the dashboards read, checked in node_exporter's e2e fixture.
 EXTERNAL = {name for group in yaml.safe_load((ROOT / "rules" / "external-metrics.yaml").read_text()).values()
             for name in group} | {"node_memory_Dirty_bytes", "node_memory_Writeback_bytes",
-                                  "node_filesystem_size_bytes", "node_filesystem_avail_bytes"}
+                                  "node_filesystem_size_bytes", "node_filesystem_avail_bytes",
+                                  "node_infiniband_physical_state_id"}
 # The remediation service's metrics (remediate/metrics.py), declared as the exporter's are.
 REMEDIATE_METRICS = [s for s in vars(remediate_metrics).values() if isinstance(s, MetricSpec)]
+# The fabric panels' titles name the spec's windows.
+SPEC_LOOKBACK, SPEC_FLAPS = (gpunode_rulepack.duration(SPEC["fabric"][k]) for k in ("rate_lookback", "flap_window"))
 # Grafana unit ids the panels use (a typo would show raw numbers).
 UNITS = {"short", "bytes", "Bps", "s", "percent", "percentunit", "pps", "reqps", "dateTimeAsIso"}
 
@@ -202,10 +205,11 @@ def test_cluster_panels_of_nodes_link_each_node_to_the_node_dashboard() -> None:
     label = SPEC["labels"]["node"]
     linked = node_links(BOARDS["gpunode-cluster"], SPEC)
     assert {"Firing alerts of the rule pack", "GPUs missing or lost", "Checkpoint phase per node",
-            "Nodes with the most kernel events"} <= set(linked)
+            "Nodes with the most kernel events", "RDMA ports down, flapping or degraded",
+            "NVLink fabric not complete, per node"} <= set(linked)
     unlinked = {p["title"] for p in panels(BOARDS["gpunode-cluster"])} - set(linked)
     assert {"Xids by NVIDIA's action", "NFS time per request: slot wait against network + server",
-            "Kernel events by family", "NFS servers not responding"} <= unlinked
+            "Kernel events by family", "NFS servers not responding", "Fabric alerts firing"} <= unlinked
     for title, links in linked.items():
         assert len(links) == 1, title
         url = urlsplit(links[0]["url"])
@@ -262,6 +266,18 @@ def _series(metric: str, node: str, values: str, **labels: str) -> dict[str, str
     return {"series": f"{metric}{{{pairs}}}", "values": values}
 
 
+def expr(uid: str, title: str, ref: str = "A", node: str = "n.*") -> str:
+    """A panel's query as Grafana sends it: a 5m rate interval, a 1h range, job gpunode, nodes `node`."""
+    return dashboards.expand(query(uid, title, ref).expr, {"job": "gpunode", "node": node}, "5m",
+                             range_=GRAFANA_RANGE)
+
+
+def samples(**values: float) -> list[dict[str, Any]]:
+    """Expected samples, keyed "label=value;label=value" (__name__ too, for a selector's own series)."""
+    return [{"labels": "{" + ", ".join(f'{k}="{v}"' for k, v in (pair.split("=") for pair in key.split(";") if pair))
+             + "}", "value": value} for key, value in values.items()]
+
+
 def test_beyond_the_gpu_panels_count_events_in_prometheus(tmp_path: Path) -> None:
     """The kernel-event panels' queries, as Grafana sends them (a 5m rate interval, a 1h range), on
     Prometheus' own engine (promtool): a series born inside the window counts whole, a recovery
@@ -286,14 +302,6 @@ def test_beyond_the_gpu_panels_count_events_in_prometheus(tmp_path: Path) -> Non
                 server_address="10.0.0.8", device="eth0"),
     ]
 
-    def expr(uid: str, title: str, ref: str = "A", node: str = "n.*") -> str:
-        return dashboards.expand(query(uid, title, ref).expr, {"job": "gpunode", "node": node}, "5m",
-                                 range_=GRAFANA_RANGE)
-
-    def samples(**values: float) -> list[dict[str, Any]]:
-        return [{"labels": "{" + ", ".join(f'{k}="{v}"' for k, v in (pair.split("=") for pair in key.split(";")))
-                 + "}", "value": value} for key, value in values.items()]
-
     cluster, node = "gpunode-cluster", "gpunode-node"
     tests = [
         # at 52m: the SXid born at 50m counts whole; the hung task of 30m is past the 5m window
@@ -312,6 +320,133 @@ def test_beyond_the_gpu_panels_count_events_in_prometheus(tmp_path: Path) -> Non
         (expr(node, "NVSwitch SXids by switch, code and severity", node="n2"), "52m",
          samples(**{"switch=0;sxid=20034;severity=fatal": 1})),
     ]
+    run_promtool(promtool, tmp_path, series, tests)
+
+
+def test_fabric_panels_show_ports_and_fabrics_in_prometheus(tmp_path: Path) -> None:
+    """The Fabric rows' queries, as Grafana sends them, on Prometheus' own engine (promtool): each port's
+    states, rate against its highest, flaps and link_downed (saturated at 255 on n2); the port table
+    joined per port across node_exporter's and gpunode-exporter's jobs; ports ACTIVE against expected;
+    NVSwitches and GPU fabric states per node; the cluster's counts of firing alerts (a pending one left
+    out, 0 where none fire), their table with each port's netdev and PCI address, and the nodes whose
+    NVLink fabric is not complete."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (scripts/install-deps.sh --test installs it)")
+    state, phys, rate = ("node_infiniband_state_id", "node_infiniband_physical_state_id",
+                         "node_infiniband_rate_bytes_per_second")
+    downed, flaps = "node_infiniband_link_downed_total", "gpunode:fabric_port_flaps:increase1h"
+    ports = {("n1", "mlx5_0"): ("4x60", "5x60", "50000000000x60", "0x30 1x10 2x10 3x10"),  # flaps, up
+             ("n1", "mlx5_1"): ("4x49 1x11", "5x49 2x11", "50000000000x60", "0x49 1x11"),  # down at 50m
+             ("n2", "mlx5_0"): ("4x60", "5x60", "50000000000x29 25000000000x31", "255x60")}  # trained down
+    adapter = 'instance="n2", device="mlx5_0", port="1", hca_type="MT4129", board_id="MT_0000000838"'
+    series = [
+        *(_series(metric, node, values, job="node", device=device, port="1")
+          for (node, device), port_values in ports.items()
+          for metric, values in zip((state, phys, rate, downed), port_values, strict=True)),
+        *({"series": f'{flaps}{{instance="{node}", device="{device}", port="1"}}', "values": values}
+          for node, device, values in (("n1", "mlx5_0", "0x30 1x10 2x10 3x10"), ("n1", "mlx5_1", "0x49 1x11"),
+                                       ("n2", "mlx5_0", "4x60"))),  # n2: its netdev's carrier counted them
+        # the rules' view of n2's rate: while ACTIVE, its highest, and its adapters' median over the fleet
+        {"series": f'gpunode:fabric_port_rate_bytes:active{{{adapter}}}', "values": "50000000000x29 25000000000x31"},
+        {"series": f'gpunode:fabric_port_rate_bytes:max1d{{{adapter}}}', "values": "50000000000x60"},
+        {"series": 'gpunode:fabric_port_rate_bytes:peer_median{hca_type="MT4129", board_id="MT_0000000838"}',
+         "values": "50000000000x60"},
+        *(_series("gpunode_rdma_port_info", node, "1x60", device=device, port="1", netdev=netdev,
+                  link_layer="InfiniBand", pci_address=pci)
+          for node, device, netdev, pci in (("n1", "mlx5_0", "ib0", "0000:18:00.0"),
+                                            ("n1", "mlx5_1", "ib1", "0000:2a:00.0"),
+                                            ("n2", "mlx5_0", "ib0", "0000:18:00.0"))),
+        _series("gpunode_fabric_ports_expected", "n1", "2x60"),
+        _series("gpunode_nvswitches_visible", "n1", "4x30 3x30", source="pci"),  # a switch gone at 31m
+        _series("gpunode_nvswitches_visible", "n3", "4x60", source="pci"),
+        *(_series("gpunode_nvswitches_expected", node, "4x60") for node in ("n1", "n3")),
+        *(_series("gpunode_gpu_fabric_state", node, values, gpu=gpu, uuid=f"GPU-{node}-{gpu}")
+          for node, gpu, values in (("n1", "0", "3x60"), ("n1", "1", "3x60"),
+                                    ("n3", "0", "1x60"), ("n3", "1", "2x60"))),  # n3: its fabric manager
+        *(_series("gpunode_gpu_fabric_healthy", node, values, gpu=gpu, uuid=f"GPU-{node}-{gpu}")
+          for node, gpu, values in (("n1", "0", "1x60"), ("n1", "1", "1x30 0x30"),
+                                    ("n3", "0", "1x60"), ("n3", "1", "1x60"))),
+        *({"series": "ALERTS{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}", "values": "1x60"}
+          for labels in (
+              {"alertname": "GpuNodeFabricPortDown", "alertstate": "firing", "instance": "n1", "device": "mlx5_1",
+               "port": "1", "severity": "critical"},
+              # n1: one ACTIVE port of the two it should have, no port named
+              {"alertname": "GpuNodeFabricPortDown", "alertstate": "firing", "instance": "n1",
+               "severity": "critical"},
+              {"alertname": "GpuNodeFabricPortDown", "alertstate": "pending", "instance": "n4", "device": "mlx5_0",
+               "port": "1", "severity": "critical"},
+              {"alertname": "GpuNodeFabricPortFlapping", "alertstate": "firing", "instance": "n2",
+               "device": "mlx5_0", "port": "1", "severity": "warning"},
+              {"alertname": "GpuNodeFabricPortDegraded", "alertstate": "firing", "instance": "n2",
+               "device": "mlx5_0", "port": "1", "severity": "warning"},
+              *({"alertname": "GpuFabricNotReady", "alertstate": "firing", "instance": node, "cause": cause,
+                 "severity": "critical"} for node, cause in (("n3", "not_started"), ("n3", "in_progress"),
+                                                             ("n1", "nvswitch_missing"))))),
+    ]
+    cluster, node = "gpunode-cluster", "gpunode-node"
+    n1, n2 = "instance=n1;device=mlx5_0;port=1", "instance=n2;device=mlx5_0;port=1"
+    n1_down = "instance=n1;device=mlx5_1;port=1"
+    tests = [
+        (expr(node, "RDMA ports: state and physical state", node="n1"), "60m",
+         samples(**{f"__name__={state};job=node;{n1}": 4, f"__name__={state};job=node;{n1_down}": 1})),
+        (expr(node, "RDMA ports: state and physical state", "B", node="n1"), "60m",
+         samples(**{f"__name__={phys};job=node;{n1}": 5, f"__name__={phys};job=node;{n1_down}": 2})),
+        # n2 trained down at 30m: below the highest it had, and below its peers
+        *((expr(node, f"RDMA port rate against its highest over {SPEC_LOOKBACK} and its peers", ref, node="n2"),
+           "60m", samples(**{labels: value})) for ref, labels, value in (
+            ("A", f"__name__={rate};job=node;{n2}", 25e9),
+            ("B", f"__name__=gpunode:fabric_port_rate_bytes:max1d;{n2};hca_type=MT4129;board_id=MT_0000000838", 50e9),
+            ("C", n2, 50e9))),
+        (expr(node, f"RDMA port flaps over {SPEC_FLAPS}", node="n1"), "60m",
+         samples(**{f"__name__={flaps};{n1}": 3, f"__name__={flaps};{n1_down}": 1})),
+        (expr(node, f"RDMA port flaps over {SPEC_FLAPS}", "B", node="n2"), "60m",
+         samples(**{f"__name__={downed};job=node;{n2}": 255})),
+        # the table: one row per port, whichever job its series come from
+        (expr(node, "RDMA ports now: netdev, PCI address, state, rate, flaps", node="n1"), "60m",
+         samples(**{f"{n1};netdev=ib0;link_layer=InfiniBand;pci_address=0000:18:00.0": 1,
+                    f"{n1_down};netdev=ib1;link_layer=InfiniBand;pci_address=0000:2a:00.0": 1})),
+        (expr(node, "RDMA ports now: netdev, PCI address, state, rate, flaps", "B", node="n1"), "60m",
+         samples(**{n1: 4, n1_down: 1})),
+        (expr(node, "RDMA ports now: netdev, PCI address, state, rate, flaps", "E", node="n2"), "60m",
+         samples(**{n2: 4})),
+        (expr(node, "RDMA ports ACTIVE against expected", node="n1"), "40m", samples(**{"instance=n1": 2})),
+        (expr(node, "RDMA ports ACTIVE against expected", node="n1"), "60m", samples(**{"instance=n1": 1})),
+        (expr(node, "RDMA ports ACTIVE against expected", "B", node="n1"), "60m",
+         samples(**{"__name__=gpunode_fabric_ports_expected;job=gpunode;instance=n1": 2})),
+        (expr(node, "NVSwitches visible against expected", node="n1"), "60m",
+         samples(**{"__name__=gpunode_nvswitches_visible;job=gpunode;instance=n1;source=pci": 3})),
+        (expr(node, "GPU NVLink fabric: state and health", node="n3"), "60m",
+         samples(**{f"__name__=gpunode_gpu_fabric_state;job=gpunode;instance=n3;gpu={g};uuid=GPU-n3-{g}": v
+                    for g, v in (("0", 1), ("1", 2))})),
+        (expr(node, "GPU NVLink fabric: state and health", "B", node="n1"), "60m",
+         samples(**{f"__name__=gpunode_gpu_fabric_healthy;job=gpunode;instance=n1;gpu={g};uuid=GPU-n1-{g}": v
+                    for g, v in (("0", 1), ("1", 0))})),
+        # the cluster: firing alerts counted (n4's pending one is not), nodes once
+        *((expr(cluster, "Fabric alerts firing", ref), "60m", samples(**{"": count}))
+          for ref, count in (("A", 2), ("B", 1), ("C", 1), ("D", 2))),
+        (expr(cluster, "Fabric alerts firing", node="n9"), "60m", samples(**{"": 0})),
+        (expr(cluster, "RDMA ports down, flapping or degraded"), "60m",
+         samples(**{f"alertname=GpuNodeFabricPortDown;severity=critical;{n1_down}": 1,
+                    "alertname=GpuNodeFabricPortDown;severity=critical;instance=n1": 1,
+                    f"alertname=GpuNodeFabricPortFlapping;severity=warning;{n2}": 1,
+                    f"alertname=GpuNodeFabricPortDegraded;severity=warning;{n2}": 1})),
+        (expr(cluster, "RDMA ports down, flapping or degraded", "B"), "60m",
+         samples(**{f"{n1_down};netdev=ib1;pci_address=0000:2a:00.0": 1,
+                    f"{n2};netdev=ib0;pci_address=0000:18:00.0": 1})),
+        (expr(cluster, "RDMA ports down, flapping or degraded", "C"), "60m", samples(**{n1_down: 1, n2: 4})),
+        (expr(cluster, "NVLink fabric not complete, per node"), "60m", samples(**{"instance=n1": 0, "instance=n3": 2})),
+        (expr(cluster, "NVLink fabric not complete, per node", "B"), "60m",
+         samples(**{"instance=n1": 1, "instance=n3": 0})),
+        (expr(cluster, "NVLink fabric not complete, per node", "C"), "60m",
+         samples(**{"job=gpunode;instance=n1": 1, "job=gpunode;instance=n3": 0})),
+    ]
+    run_promtool(promtool, tmp_path, series, tests)
+
+
+def run_promtool(promtool: str, tmp_path: Path, series: list[dict[str, str]],
+                 tests: list[tuple[str, str, list[dict[str, Any]]]]) -> None:
+    """Each (expr, eval time, expected samples) on Prometheus' own engine over the input series, one a minute."""
     checks = [{"expr": e, "eval_time": t, "exp_samples": want} for e, t, want in tests]
     unit = {"rule_files": [], "evaluation_interval": "1m",
             "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": checks}]}

@@ -34,6 +34,7 @@ from gpunode_rulepack.dashboards.board import (
     NFS_MOUNT,
     NFS_SILENT,
     PFC,
+    RDMA_PORTS,
     RESTARTS,
     SXIDS,
     expand,
@@ -224,11 +225,13 @@ def test_every_dashboard_panel_query_returns_data(demo_stack: Stack) -> None:
     """Each panel query of the dashboards rendered with the demo's spec returns data from the demo's
     Prometheus, except panels needing what the demo lacks (dcgm-exporter, PFC, an NFS mount node_exporter
     sees, a job's hours of past, job restarts, a node held by gpunode-remediate, job recovery, a kernel
-    event past Xid, an SXid, an NFS server not responding):
-    those return none, which shows their stated need is real."""
+    event past Xid, an SXid, an NFS server not responding, an RDMA port node_exporter sees):
+    those return none, which shows their stated need is real. The demo's node_exporter reads the host's
+    own sysfs (the simulated tree is the exporter's): on a host without RDMA devices it has no
+    node_infiniband series, whatever the demo simulates."""
     promql_parser = pytest.importorskip("promql_parser")
     absent_in_demo = {DCGM, PFC, NFS_MOUNT, JOB_PAST, RESTARTS, MEASURED_MTBF, JOB_RECOVERY, KERNEL_EVENTS, SXIDS,
-                      NFS_SILENT}
+                      NFS_SILENT, RDMA_PORTS}
     # gpunode-remediate holds the faulty node (GPU 5's remaps accelerate: a precursor) and raises no
     # alert of its own in the demo.
     empty, lacking = set(), {"Remediation alerts firing"}

@@ -50,6 +50,13 @@ JOB_RECOVERY = "gpunode-remediate's job recovery (policy jobs.enabled)"
 KERNEL_EVENTS = "a kernel event past Xid logged (docs/kernel-events.md)"
 SXIDS = "an NVSwitch SXid logged (a node with NVSwitches)"
 NFS_SILENT = "an NFS server the kernel reported not responding"
+# node_exporter reads the host's sysfs: ports only where the host has RDMA devices.
+RDMA_PORTS = "an RDMA port node_exporter's infiniband collector sees (InfiniBand or RoCE)"
+GPU_FABRIC = "GPUs on an NVLink fabric (NVSwitch systems: HGX and DGX H100 and later)"
+PEER_ADAPTERS = "RDMA adapters of one model (hca_type, board_id) on at least fabric.peer_min_nodes nodes"
+PORTS_EXPECTED = "fabric.ports_expected set in the exporter's configuration"
+NVSWITCHES_EXPECTED = "gpu.nvswitches_expected set in the exporter's configuration"
+PORT_ALERTS = "a fabric port alert firing (GpuNodeFabricPortDown, ...Flapping, ...Degraded)"
 DCGM = EXPORTERS["dcgm"]
 REMEDIATE = EXPORTERS["remediate"]
 _ORDER = ("gpunode", "node", "dcgm", "remediate")  # Prometheus' own `up` is always there: never named as a need
@@ -61,6 +68,8 @@ class Query:
     legend: str = ""
     unit: str = ""      # a unit of its own (a count beside bytes per second): on the right axis
     right: bool = False
+    # its values' names (value -> (name, colour)), where the panel's queries name the same values differently
+    names: dict[str, tuple[str, str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -141,10 +150,12 @@ class Board:
         for ref, query in zip("ABCDEFGH", queries, strict=False):
             target = prometheus.Dataquery().ref_id(ref).expr(query.expr).legend_format(query.legend)
             kind.with_target(target.instant().format(PromQueryFormat.TABLE) if instant else target.range())
-            if query.unit:
-                props = [model.DynamicConfigValue("unit", query.unit)]
-                if query.right:
-                    props.append(model.DynamicConfigValue("custom.axisPlacement", "right"))
+            props = [model.DynamicConfigValue("unit", query.unit)] if query.unit else []
+            if query.right:
+                props.append(model.DynamicConfigValue("custom.axisPlacement", "right"))
+            if query.names:
+                props.append(model.DynamicConfigValue("mappings", [value_map(query.names)]))
+            if props:
                 kind.override_by_query(ref, props)
         if instant and len(queries) > 1:
             kind.with_transformation(model.DataTransformerConfig(id_val="merge", options={}))
@@ -186,12 +197,27 @@ def heatmap_panel() -> heatmap.Panel:
 PHASES = {"0": ("training", "green"), "1": ("saving", "blue"), "2": ("loading", "orange")}
 # gpunode_nfs_server_responding's values.
 RESPONDING = {"0": ("not responding", "red"), "1": ("responding", "green")}
+# node_exporter's infiniband collector: an RDMA port's logical state (sysfs `state`) and physical
+# state (`phys_state`), the numbers of the InfiniBand specification's PortInfo.
+PORT_STATES = {"1": ("DOWN", "red"), "2": ("INIT", "orange"), "3": ("ARMED", "yellow"), "4": ("ACTIVE", "green"),
+               "5": ("ACTIVE_DEFER", "green")}
+PHYSICAL_STATES = {"1": ("Sleep", "red"), "2": ("Polling", "orange"), "3": ("Disabled", "red"),
+                   "4": ("PortConfigurationTraining", "yellow"), "5": ("LinkUp", "green"),
+                   "6": ("LinkErrorRecovery", "orange"), "7": ("PhyTest", "purple")}
+# gpunode_gpu_fabric_state's values (NVML's GPU fabric states), and gpunode_gpu_fabric_healthy's.
+FABRIC_STATES = {"1": ("not started", "red"), "2": ("in progress", "orange"), "3": ("completed", "green")}
+FABRIC_HEALTHY = {"0": ("unhealthy", "red"), "1": ("healthy", "green")}
+
+
+def value_map(names: dict[str, tuple[str, str]]) -> model.ValueMap:
+    """Values (value -> (name, colour)) shown as their names."""
+    return model.ValueMap({value: model.ValueMappingResult(text=text, color=color, index=i)
+                           for i, (value, (text, color)) in enumerate(names.items())})
 
 
 def named_values(panel: Builder[Any], names: dict[str, tuple[str, str]]) -> Builder[Any]:
     """A panel whose values (value -> (name, colour)) show as their names."""
-    return panel.mappings([model.ValueMap({value: model.ValueMappingResult(text=text, color=color, index=i)
-                                           for i, (value, (text, color)) in enumerate(names.items())})])
+    return panel.mappings([value_map(names)])
 
 
 def phases(panel: Builder[Any]) -> Builder[Any]:

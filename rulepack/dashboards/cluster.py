@@ -16,12 +16,16 @@ from gpunode_rulepack.dashboards.board import (
     DCGM,
     FAILSLOW_INPUT,
     FAILSLOW_PEERS,
+    GPU_FABRIC,
     JOB_PAST,
     JOB_RECOVERY,
     KERNEL_EVENTS,
     MEASURED_MTBF,
     NFS_SILENT,
+    NVSWITCHES_EXPECTED,
     PEERS,
+    PORT_ALERTS,
+    RDMA_PORTS,
     REMEDIATION_ALERTS,
     RESTARTS,
     SAVES,
@@ -154,6 +158,7 @@ def build(b: Board) -> None:
             width=6)
 
     beyond_the_gpu(b, linked)
+    fabric(b, linked)
 
     b.row("Goodput")
     g = spec["goodput"]
@@ -256,6 +261,50 @@ def beyond_the_gpu(b: Board, linked: Callable[[Builder[Any]], Builder[Any]]) -> 
             [Query(f"count by (server) ({silent})"),
              Query(f"count by (server) ({mounting}) and on (server) count by (server) ({silent})")],
             width=6, instant=True, needs=(NFS_SILENT,))
+
+
+def fabric(b: Board, linked: Callable[[Builder[Any]], Builder[Any]]) -> None:
+    """RDMA ports and NVLink fabrics across the fleet, from the rule pack's alerts (one definition of a port
+    down, flapping or degraded: the rules') and the fabric state of each node's GPUs."""
+    node, spec = b.node, b.spec["fabric"]
+    by_node = f"{{{{{node}}}}}"
+
+    def firing(alertnames: str) -> str:  # a regex of alert names
+        return b.q("ALERTS", 'alertstate="firing"', f'alertname=~"{alertnames}"')
+
+    port_alerts = f"max by (alertname, severity, {node}, device, port) ({firing('GpuNodeFabricPort.*')})"
+    b.row("Fabric")
+    b.panel(stat_panel(), "Fabric alerts firing",
+            "Across the selected nodes: RDMA ports down (GpuNodeFabricPortDown, one per port; a node with fewer "
+            "ACTIVE ports than fabric.ports_expected counts once, its port label empty), flapping "
+            "(GpuNodeFabricPortFlapping) and trained below their own or their peers' rate "
+            "(GpuNodeFabricPortDegraded), and nodes whose NVLink fabric is not ready (GpuFabricNotReady, any "
+            "cause). The runbook: docs/runbooks/fabric.md.", "short",
+            [Query(f"count({firing(name)}) or vector(0)", legend) for name, legend in (
+                ("GpuNodeFabricPortDown", "ports down"), ("GpuNodeFabricPortFlapping", "ports flapping"),
+                ("GpuNodeFabricPortDegraded", "ports degraded"))]
+            + [Query(f"count(count by ({node}) ({firing('GpuFabricNotReady')})) or vector(0)",
+                     "nodes: NVLink fabric not ready")], width=6)
+    flaps, switches = b.rec("gpunode:fabric_port_flaps:"), b.q("gpunode_nvswitches_visible", 'source="pci"')
+    b.panel(linked(table_panel()), "RDMA ports down, flapping or degraded",
+            "Each port alert firing now, with its node, device and port (A), the port's netdev and the PCI "
+            "address of its adapter (B), and its flaps over fabric.flap_window (C). Many ports of one leaf "
+            "switch's nodes at once are the switch's (or its power's), not the nodes'.", "short",
+            [Query(port_alerts),
+             Query(f"max by ({node}, device, port, netdev, pci_address) ({b.q('gpunode_rdma_port_info')}) "
+                   f"and on ({node}, device, port) {port_alerts}"),
+             Query(f"max by ({node}, device, port) ({flaps}) and on ({node}, device, port) {port_alerts}")],
+            width=10, instant=True, needs=(RDMA_PORTS, PORT_ALERTS))
+    b.panel(linked(time_series()), "NVLink fabric not complete, per node",
+            "Per node: GPUs whose NVLink fabric is not completed (not started or in progress) and GPUs whose "
+            "fabric is unhealthy, from NVML; NVSwitches expected (gpu.nvswitches_expected) minus those on the PCI "
+            f"bus. Above 0 for {duration(spec['not_ready_for'])} fires GpuFabricNotReady. Every GPU of a node "
+            "not started: its fabric manager; a few unhealthy, or a switch missing: its baseboard.", "short",
+            [Query(f"sum by ({node}) ({b.q('gpunode_gpu_fabric_state')} < bool 3)", f"not completed {by_node}"),
+             Query(f"sum by ({node}) ({b.q('gpunode_gpu_fabric_healthy')} == bool 0)", f"unhealthy {by_node}"),
+             Query(f"{b.q('gpunode_nvswitches_expected')} - ignoring (source) {switches}",
+                   f"NVSwitches missing {by_node}")],
+            width=8, needs=(GPU_FABRIC, NVSWITCHES_EXPECTED))
 
 
 def remediation(b: Board) -> None:

@@ -1,4 +1,4 @@
-"""The node dashboard: one node's alerts, GPUs, Xids, checkpoint data path (in the
+"""The node dashboard: one node's alerts, GPUs, Xids, kernel events, fabric, checkpoint data path (in the
 order the Lablup B200 operations report traced it), NFS operations, storage network and checkpoints."""
 
 from __future__ import annotations
@@ -7,10 +7,19 @@ from typing import Any
 
 from gpunode_rulepack import duration
 from gpunode_rulepack.dashboards.board import (
+    FABRIC_HEALTHY,
+    FABRIC_STATES,
+    GPU_FABRIC,
     KERNEL_EVENTS,
     NFS_MOUNT,
     NFS_SILENT,
+    NVSWITCHES_EXPECTED,
+    PEER_ADAPTERS,
     PFC,
+    PHYSICAL_STATES,
+    PORT_STATES,
+    PORTS_EXPECTED,
+    RDMA_PORTS,
     RESPONDING,
     SAVES,
     SXIDS,
@@ -25,6 +34,7 @@ from gpunode_rulepack.dashboards.board import (
 )
 
 UID = "gpunode-node"  # the cluster dashboard links here
+PEER_RATE = "gpunode:fabric_port_rate_bytes:peer_median"  # per adapter model (hca_type, board_id), fleet-wide
 
 
 def build(b: Board) -> None:
@@ -82,6 +92,7 @@ def build(b: Board) -> None:
              Query(f"{b.q('gpunode_xid_last_event_timestamp_seconds')} * 1000", unit="dateTimeAsIso")], instant=True)
 
     kernel_events(b)
+    fabric(b)
 
     b.row("Checkpoint data path, in the order a save flows (Lablup B200 operations report)")
     b.panel(time_series(), "1. GPU utilization",
@@ -204,7 +215,91 @@ def kernel_events(b: Board) -> None:
             "short", [Query(b.q("gpunode_nfs_server_responding"), "{{server}}")], needs=(NFS_SILENT,))
 
 
+def fabric(b: Board) -> None:
+    """The node's RDMA ports (node_exporter's infiniband collector, InfiniBand and RoCE alike) and its
+    NVLink fabric (NVML, and the NVSwitches on the PCI bus): docs/runbooks/fabric.md."""
+    spec, node = b.spec["fabric"], b.node
+    ports = [spec["ports"]] if spec["ports"] else []  # the ports the rules watch
+
+    def port(metric: str, *matchers: str) -> str:
+        return b.q(metric, *ports, *matchers)
+
+    def per_port(expr: str) -> str:  # one series per port, whichever exporter's job it has
+        return f"max by ({node}, device, port) ({expr})"
+
+    legend, lookback = "{{device}} {{port}}", duration(spec["rate_lookback"])
+    flaps, window = b.rec("gpunode:fabric_port_flaps:", *ports), duration(spec["flap_window"])
+    b.row("Fabric")
+    b.panel(state_timeline(), "RDMA ports: state and physical state",
+            "Per RDMA port (device and port), its state (DOWN, INIT, ARMED, ACTIVE, ACTIVE_DEFER) and physical "
+            "state (Polling: no link partner, a cable out or the far end down; Disabled; LinkUp; "
+            "LinkErrorRecovery: retraining). A port ACTIVE within fabric.up_lookback and not now fires "
+            f"GpuNodeFabricPortDown after {duration(spec['down_for'])}; one never ACTIVE (never cabled) "
+            "stays silent.", "short",
+            [Query(port("node_infiniband_state_id"), legend, names=PORT_STATES),
+             Query(port("node_infiniband_physical_state_id"), f"physical {legend}", names=PHYSICAL_STATES)],
+            needs=(RDMA_PORTS,))
+    # What GpuNodeFabricPortDegraded compares: the rate while ACTIVE, its highest within the lookback, and
+    # the median of the same adapters' ports across the fleet (a fleet-wide series: no node to select).
+    active = b.rec("gpunode:fabric_port_rate_bytes:active", *ports)
+    peers = f"max by ({node}, device, port) (0 * {active} + on (hca_type, board_id) group_left () {PEER_RATE})"
+    b.panel(time_series(), f"RDMA port rate against its highest over {lookback} and its peers",
+            "Each port's link rate as trained (400 Gb/s: 50 GB/s); while ACTIVE, the highest it had within "
+            "fabric.rate_lookback, and the median of the ACTIVE ports of the same adapters (hca_type, board_id) "
+            f"on other nodes, where {spec['peer_min_nodes']} nodes or more have them. An ACTIVE port below either "
+            "(trained down after a reseat, a dirty connector, a bad lane) for "
+            f"{duration(spec['degraded_for'])} fires GpuNodeFabricPortDegraded.", "Bps",
+            [Query(port("node_infiniband_rate_bytes_per_second"), legend),
+             Query(b.rec("gpunode:fabric_port_rate_bytes:max", *ports), f"highest {legend}"),
+             Query(peers, f"peer median {legend}")], needs=(RDMA_PORTS, PEER_ADAPTERS))
+    b.panel(time_series(), f"RDMA port flaps over {window}",
+            f"Per port, the most down-events any one source counted over {window} (fabric.flap_window): the "
+            "HCA's link_downed counter, carrier down changes and the kernel's link-down lines of its netdev. "
+            "A flap shorter than a scrape shows there only, the state reading ACTIVE at every scrape. "
+            f"{spec['flaps']} or more on an ACTIVE port fires GpuNodeFabricPortFlapping. On the right, the "
+            "link_downed counter itself: 8 bits, it holds at 255, and then only the netdev's counts move.",
+            "short",
+            [Query(flaps, legend),
+             Query(port("node_infiniband_link_downed_total"), f"link_downed {legend}", unit="short", right=True)],
+            needs=(RDMA_PORTS,))
+    b.panel(table_panel(), "RDMA ports now: netdev, PCI address, state, rate, flaps",
+            "Each RDMA port with its netdev (RoCE's, or InfiniBand's IPoIB interface: where carrier changes and "
+            "the kernel's link lines land), link layer and the PCI function of its adapter (the address the "
+            "mlx5 driver's firmware and command errors name), beside its state, physical state, rate and "
+            f"flaps over {window} now.", "short",
+            [Query(f"max by ({node}, device, port, netdev, link_layer, pci_address) "
+                   f"({port('gpunode_rdma_port_info')})"),
+             Query(per_port(port("node_infiniband_state_id")), names=PORT_STATES),
+             Query(per_port(port("node_infiniband_physical_state_id")), names=PHYSICAL_STATES),
+             Query(per_port(port("node_infiniband_rate_bytes_per_second")), unit="Bps"),
+             Query(per_port(flaps))], instant=True, needs=(RDMA_PORTS,))
+    b.panel(time_series(), "RDMA ports ACTIVE against expected",
+            "Ports ACTIVE (or ACTIVE_DEFER) on this node, against fabric.ports_expected of the exporter's "
+            "configuration (the ports cabled in this node's design). Fewer for "
+            f"{duration(spec['down_for'])} fires GpuNodeFabricPortDown with an empty port label: it catches a "
+            "port down since before the lookback, or one whose device vanished.", "short",
+            [Query(f"sum by ({node}) ({port('node_infiniband_state_id')} >= bool 4)", "ACTIVE"),
+             Query(b.q("gpunode_fabric_ports_expected"), "expected")], width=6, needs=(RDMA_PORTS, PORTS_EXPECTED))
+    b.panel(time_series(), "NVSwitches visible against expected",
+            "NVSwitches on the PCI bus (NVIDIA bridge functions, class 0x0680) against gpu.nvswitches_expected "
+            "(four on an HGX H100 baseboard). One missing takes the NVLink fabric down: GpuFabricNotReady "
+            "with cause nvswitch_missing.", "short",
+            [Query(b.q("gpunode_nvswitches_visible", 'source="pci"'), "visible"),
+             Query(b.q("gpunode_nvswitches_expected"), "expected")], width=6, needs=(NVSWITCHES_EXPECTED,))
+    b.panel(state_timeline(), "GPU NVLink fabric: state and health",
+            "Per GPU, NVML's fabric state: not started, in progress (the fabric manager is training the NVLinks "
+            "and programming the switches; CUDA answers error 802, system not yet initialized) or completed; "
+            "and its health: unhealthy where the fabric status is an error or the driver reports degraded "
+            "bandwidth, route recovery, an unhealthy route, an access timeout recovery or an incorrect "
+            f"configuration. Not completed or unhealthy for {duration(spec['not_ready_for'])} fires "
+            "GpuFabricNotReady: every GPU not started is the fabric manager's, some GPUs unhealthy a switch's "
+            "or a link's (docs/runbooks/fabric.md).", "short",
+            [Query(b.q("gpunode_gpu_fabric_state"), "GPU {{gpu}}", names=FABRIC_STATES),
+             Query(b.q("gpunode_gpu_fabric_healthy"), "health GPU {{gpu}}", names=FABRIC_HEALTHY)],
+            width=12, needs=(GPU_FABRIC,))
+
+
 def describe(_spec: dict[str, Any]) -> tuple[str, str, str]:
     return (UID, "GPU nodes: node",
-            "One GPU node: alerts, GPU memory health, Xids, kernel events past Xid, the checkpoint data path, NFS, "
-            "the storage network and checkpoints.")
+            "One GPU node: alerts, GPU memory health, Xids, kernel events past Xid, the fabric (RDMA ports, "
+            "NVLink), the checkpoint data path, NFS, the storage network and checkpoints.")
