@@ -169,6 +169,11 @@ def test_every_family_is_found_and_the_distractors_raise_nothing(backend: str, t
     assert {(f.labels["instance"], f.labels["device"]) for f in flaps} == {
         (node_name(flapping.node), fabric.PORTS[int(flapping.param("port", 0))].device)}
     assert {f.labels["cause"] for f in run.firing if f.alertname == "GpuFabricNotReady"} == {"not_started"}
+    # The port that went down by its own alert (device and port), not only by the node's count.
+    down = next(f for f in SELFTEST.faults if f.kind == "port_down")
+    assert {(f.labels["instance"], f.labels.get("device", "")) for f in run.firing
+            if f.alertname == "GpuNodeFabricPortDown"} == {
+        (node_name(down.node), fabric.PORTS[int(down.param("port", 0))].device)}
 
 
 def test_a_job_a_port_fault_ended_is_requeued_without_its_node() -> None:
