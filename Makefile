@@ -67,6 +67,6 @@ dashboards:  # regenerate dashboards/ from the code in rulepack/dashboards and t
 	.venv/bin/gpunode-exporter dashboards render --out dashboards
 	$(PY) -m gpunode_rulepack.dashboards.doc docs/dashboards.md
 
-fleet:  # detection quality: simulate the standard, Lablup-shaped and mixed fleets, the stragglers, the distractors and the node past its GPUs, replay the rule pack on Prometheus and VictoriaMetrics, write docs/fleet-results.md (~85 min on 2 CPUs)
+fleet:  # detection quality: simulate the standard, Lablup-shaped and mixed fleets, the stragglers, the distractors, the node past its GPUs and the fabric, replay the rule pack on Prometheus and VictoriaMetrics, write docs/fleet-results.md (~100 min on 2 CPUs)
 	scripts/install-deps.sh --test
-	$(PY) -m fleet --scenario standard --scenario lablup --scenario mixed --scenario stragglers --scenario distractors --scenario beyond-gpu --out docs/fleet-results.md
+	$(PY) -m fleet --scenario standard --scenario lablup --scenario mixed --scenario stragglers --scenario distractors --scenario beyond-gpu --scenario fabric --out docs/fleet-results.md

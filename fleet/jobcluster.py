@@ -17,10 +17,13 @@
   job on its node once, without an alert. A `storage` fault is an NFS server every node mounts (`server`)
   that stops answering for `lasts`: every attempt running, or starting, while it is away blocks and is
   ended by its collective's watchdog `fails_after` in (600 s by default), if the server is still away then.
+  A `port` fault is a fabric port of the node down (`device`, its cable pulled): the job running there ends
+  `fails_after` later (NCCL's transport retries run out), every attempt placed there fails the same way,
+  and no reboot cures it: a person replaces the cable `lasts` after (0: never).
 - A scenario file (fleet/scenarios/jobs-*.yaml): `name`, `description`, `nodes`, `duration`, `seed`;
   `defaults` (`load`, `checkpoint`) for its `jobs` (`name`, `nodes`, `work`, `submit`, `priority`, `load`,
   `checkpoint`, `ends_after`); `faults` (`kind`, `at`, `node` or `job`, `xid`, `fails_after`, `lasts`,
-  `server`);
+  `server`, `device`);
   `stream` (smaller jobs drawn: `backlog`, `every`, `nodes`, `work`, `load`, `checkpoint`) and
   `background` (faults drawn on every node: `per_gpu_hour`, `mix`, `repair`). Durations as 90s, 15m, 2.2h.
 """
@@ -44,9 +47,9 @@ GPUS = 8
 BACKFILL = 30.0  # Slurm's bf_interval
 MIN_JOB_AGE = 300.0
 REBOOT_TAKES = 300.0
-KINDS = ("app", "node", "straggler", "lemon", "job", "transient", "storage")
+KINDS = ("app", "node", "straggler", "lemon", "job", "transient", "storage", "port")
 STORAGE_WATCHDOG = 600.0  # a job blocked on storage this long is ended by its collective's watchdog
-NODE_FAULTS = ("node", "straggler", "lemon")  # a node with one of these is not healthy
+NODE_FAULTS = ("node", "straggler", "lemon", "port")  # a node with one of these is not healthy
 
 
 # --- The scenario
@@ -74,6 +77,7 @@ class Fault:
     lasts: float = 0.0  # straggler: how long it throttles; node: when a person repairs it (0: never)
     delay: float = 75.0  # from the fault to its notification
     server: str = ""  # storage: the NFS server (every node mounts it)
+    device: str = ""  # port: the RDMA device whose port went down (its cable pulled)
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,7 @@ def _fault(data: Any, rng: random.Random, where: str) -> Fault:
         durations.setdefault("fails_after", STORAGE_WATCHDOG)
     return Fault(data["kind"], node=str(data.get("node", "")), job=str(data.get("job", "")),
                  xid=int(data.get("xid", 0)), delay=rng.uniform(60.0, 90.0), server=str(data.get("server", "")),
-                 **durations)
+                 device=str(data.get("device", "mlx5_0" if data["kind"] == "port" else "")), **durations)
 
 
 def _stream(data: Any, rng: random.Random, duration: float) -> list[JobSpec]:
@@ -318,7 +322,9 @@ class SimSlurm:
         return False
 
     def reset(self, node: str, gpus: tuple[str, ...]) -> None:
-        self.nodes[node].broken = None
+        broken = self.nodes[node].broken
+        if broken is not None and broken.kind != "port":
+            self.nodes[node].broken = None
 
     def job_detail(self, job: str) -> tuple[str, tuple[str, ...]] | None:
         j = self.jobs.get(job)
@@ -368,7 +374,8 @@ class SimSlurm:
         fault whose action is a reboot."""
         n = self.nodes[node]
         n.reboot, n.down, n.started = "", True, self.clock[0]
-        n.broken = None
+        if n.broken is not None and n.broken.kind != "port":  # no reboot plugs a cable back in
+            n.broken = None
 
     def schedule(self) -> None:
         """One pass, highest priority first: a job whose StartTime has come starts on the lowest-named free
@@ -449,6 +456,8 @@ class SimSlurm:
         if f.kind == "straggler":
             kill = max(now, at) + f.fails_after
             return [(kill, "failed", f)] if kill <= at + f.lasts else []
+        if f.kind == "port":  # NCCL's transport retries run out fails_after the port went down
+            return [(at + f.fails_after, "failed", f)] if at > now else []
         return [(at, "failed", f)] if at > now else []
 
     def end(self, j: SimJob, attempt: Attempt, outcome: str, cause: str) -> None:
@@ -489,7 +498,7 @@ class SimSlurm:
         node = self.nodes.get(f.node)
         if node is None:
             return False
-        if f.kind == "node":
+        if f.kind in ("node", "port"):
             node.broken = f
             if f.lasts:
                 self.wake(T0 + f.at + f.lasts, "repair", (f.node, f))

@@ -6,6 +6,7 @@ faults and the scenario files).
   for the code in the packaged catalog; none for IGNORE), firing for its 15-minute window; a straggler
   fires GpuNodeClockThrottled after its 4-minute `for` while it lasts; a storage server that stops answering
   fires NfsServerNotResponding{server} (no node) from its clients' major timeout (3 minutes) while it is away;
+  a port down fires GpuNodeFabricPortDown{device,port} after its 2-minute `for` until a person repairs it;
   a lemon, a job's own fault and a transient one fire nothing. Each reaches the service `delay` (60-90 s:
   rule evaluation and Alertmanager) after the fault.
 - Two policies over the same faults: the fixed retry (every abnormal end requeued to start 10 minutes
@@ -55,6 +56,7 @@ XID_WINDOW = 900.0  # the rule pack's recent_window: an Xid alerts this long
 THROTTLE_FOR = 240.0  # GpuNodeClockThrottled's `for`
 GROUP_WAIT = 30.0  # of the delay to the service: the alert fired this much before it arrived
 NFS_MAJOR_TIMEOUT = 180.0  # a client names the server after it (nfs(5): timeo=600, retrans=2 over TCP)
+PORT_DOWN_FOR = 120.0  # GpuNodeFabricPortDown's `for` (rulepack/spec.yaml fabric.down_for)
 # rules/spec.yaml: which NVIDIA actions page as a hardware fault, which as an application fault.
 HARDWARE_ACTIONS = {"RESET_GPU", "RESTART_BM", "RESTART_VM", "CONTACT_SUPPORT", "CHECK_MECHANICALS", "UPDATE_SWFW",
                     "WORKFLOW_XID_48", "WORKFLOW_NVLINK_ERR", "WORKFLOW_NVLINK5_ERR", "UNKNOWN"}
@@ -110,6 +112,11 @@ def alert(f: Fault) -> tuple[dict[str, str], float, float] | None:
         labels = {"alertname": "NfsServerNotResponding", "server": f.server, "severity": "critical"}
         fires = at + NFS_MAJOR_TIMEOUT + f.delay - GROUP_WAIT
         return labels, fires, at + f.lasts + f.delay - GROUP_WAIT
+    if f.kind == "port":
+        fires = at + PORT_DOWN_FOR + f.delay - GROUP_WAIT
+        repaired = at + f.lasts if f.lasts else math.inf
+        return ({"alertname": "GpuNodeFabricPortDown", **labels, "device": f.device, "port": "1",
+                 "severity": "critical"}, fires, repaired + f.delay - GROUP_WAIT)
     if f.kind == "straggler":
         fires = at + THROTTLE_FOR + f.delay - GROUP_WAIT
         return ({"alertname": "GpuNodeClockThrottled", **labels, "cause": "thermal", "severity": "warning"},

@@ -23,8 +23,10 @@ SOURCES = ("slurm", "kubernetes", "systemd")
 RETRY_GAP_MEDIAN = 660.0  # seconds between a failure and the next attempt (the report: median 11 min)
 # Faults of a node past its GPUs that end the job on it at once (its ranks die: a stuck CPU, the NVSwitch
 # fabric gone, writes refused on a read-only filesystem, a poisoned page, the compute NIC lost, the GPU's
-# firmware stopped), and keep the node out of later attempts (the scheduler's node health check fails).
-NODE_KILLS = ("nvswitch_fatal", "cpu_lockup", "fs_readonly", "memory_uncorrectable", "nic_fault", "gpu_driver_fault")
+# firmware stopped, a fabric port down or flapping under NCCL, a reboot whose NVLink fabric does not come up),
+# and keep the node out of later attempts (the scheduler's node health check fails).
+NODE_KILLS = ("nvswitch_fatal", "cpu_lockup", "fs_readonly", "memory_uncorrectable", "nic_fault", "gpu_driver_fault",
+              "port_down", "port_flapping", "fabric_not_ready")
 STORAGE_KILLS = ("nfs_server_down",)  # a storage server every node mounts: every training job waits on it
 NCCL_TIMEOUT = 600.0  # a job blocked on storage this long is ended by its collective's watchdog
 GOLDEN = (5 ** 0.5 - 1) / 2

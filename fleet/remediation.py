@@ -49,12 +49,12 @@ POLICY = Policy(mode="enforce", reset_command=SIMULATED_RESET)  # every other ke
 NODE_ACTION = ("xid79_collapse", "uncorrectable_steps", "correctable_acceleration", "throttle", "nvlink_degraded",
                "fabric_link", "pcie_downgrade", "host_starved", "nvswitch_fatal", "hung_tasks", "cpu_lockup",
                "fs_readonly", "disk_errors", "memory_uncorrectable", "memory_ce_storm", "pcie_uncorrectable",
-               "nic_fault", "gpu_driver_fault")
+               "nic_fault", "gpu_driver_fault", "port_down", "port_flapping", "port_degraded", "fabric_not_ready")
 # Damage the simulator never repairs: the GPU stays lost, the remapped rows stay, a node fault that keeps
 # the node out of later attempts (fleet/jobs.py NODE_KILLS) stays, and so do a failing disk, DIMM or PCIe
 # link. Such a node counts as faulty from its fault's window on to the end of the run.
 LASTING = ("xid79_collapse", "correctable_acceleration", "uncorrectable_steps", *NODE_KILLS, "disk_errors",
-           "memory_ce_storm", "pcie_uncorrectable")
+           "memory_ce_storm", "pcie_uncorrectable", "port_degraded")
 TAKES = ("drain", "reboot", "hold")  # calls that take a node out of service
 
 

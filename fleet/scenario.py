@@ -18,13 +18,17 @@ FAULTS = ("xid79_collapse", "getattr_spike", "uncorrectable_steps", "correctable
           "job_slowdown",
           # the kernel log past Xid (fleet/kernel.py), one per family, and a storage server all nodes lose
           "nvswitch_fatal", "hung_tasks", "cpu_lockup", "fs_readonly", "disk_errors", "memory_uncorrectable",
-          "memory_ce_storm", "pcie_uncorrectable", "nic_fault", "gpu_driver_fault", "nfs_server_down")
+          "memory_ce_storm", "pcie_uncorrectable", "nic_fault", "gpu_driver_fault", "nfs_server_down",
+          # the fabric (fleet/fabric.py): RDMA ports, the NVLink fabric
+          "port_down", "port_flapping", "port_degraded", "fabric_not_ready")
 # Older names: a fail-slow node was a throttled GPU (its clock and power below its peers').
 ALIASES = {"failslow": "throttle"}
 DISTRACTORS = ("short_spike", "drain", "leave", "join", "known_slow", "gc_pauses", "pipeline_stage", "warm_room",
-               "power_cap_busy", "oom_kills", "memory_ce_trickle", "sxid_nonfatal")
+               "power_cap_busy", "oom_kills", "memory_ce_trickle", "sxid_nonfatal",
+               "never_cabled", "link_downed_saturated", "reboot")
 # Each cause's choices (docs/fleet.md).
-CHOICES = {"reason": ("thermal", "power_cap", "power_brake"), "fabric": ("infiniband", "roce")}
+CHOICES = {"reason": ("thermal", "power_cap", "power_brake"), "fabric": ("infiniband", "roce"),
+           "cause": ("not_started", "in_progress", "unhealthy", "nvswitch_missing")}
 # Persistent per-GPU differences, as a fraction of the level (the standard deviation of a GPU's offset).
 SPREAD_KEYS = ("power", "sm_clock")
 

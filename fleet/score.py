@@ -46,6 +46,11 @@ DETECTS = {
     "pcie_uncorrectable": {"GpuNodePcieUncorrectable"},
     "nic_fault": {"GpuNodeNicFault"},
     "gpu_driver_fault": {"GpuNodeGpuDriverFault", "GpuXidHardwareFault"},
+    # The fabric (fleet/fabric.py): a port by its alert, the NVLink fabric by GpuFabricNotReady with its cause.
+    "port_down": {"GpuNodeFabricPortDown"},
+    "port_flapping": {"GpuNodeFabricPortFlapping"},
+    "port_degraded": {"GpuNodeFabricPortDegraded"},
+    "fabric_not_ready": {"GpuFabricNotReady"},
     # A storage server (no node): by the alert that names it; its clients' own alerts are false.
     "nfs_server_down": {"NfsServerNotResponding"},
 }

@@ -19,8 +19,8 @@ from functools import cached_property
 
 import numpy as np
 
-from fleet import causes, jobs, kernel, nfs, physics
-from fleet.causes import GPUS, IB_PORTS, IB_RATE
+from fleet import causes, fabric, jobs, kernel, nfs, physics
+from fleet.causes import GPUS, IB_PORTS
 from fleet.jobs import Attempt
 from fleet.scenario import Event, Scenario
 from gpunode_exporter.nvmlsim.scenario import seconds
@@ -125,6 +125,11 @@ class Fleet:
                 start, end = f.at, f.at + f.duration("lasts", self.s.duration)
             elif f.kind in jobs.STORAGE_KILLS:  # from the server's stop to an hour after its return
                 start, end = f.at, f.at + f.duration("lasts", 1800) + 3600
+            elif f.kind == "fabric_not_ready":  # from the node's return: its fabric should come up then
+                onset = fabric.onset(f)
+                start, end = f.at, onset + f.duration("lasts", self.s.duration) + 3600
+            elif f.kind in ("port_down", "port_flapping", "port_degraded"):
+                end = f.at + f.duration("lasts", self.s.duration) + 3600
             slowed = tuple(sorted({workload_label(a) for a in self.attempts if a.job.kind in SYNCHRONOUS
                                    and f.node in a.nodes and a.start < end and a.end > start}))
             if f.kind not in (*causes.CULPRIT_CAUSES, "job_slowdown"):
@@ -132,7 +137,8 @@ class Fleet:
             server = str(f.param("server", kernel.NFS_SERVER)) if f.kind in jobs.STORAGE_KILLS else ""
             out.append(Truth(f.kind, "" if f.kind == "job_slowdown" or server else node_name(f.node),
                              self.start + onset, self.start + start, self.start + end, slowed, self._detail(f),
-                             causes.cause(f) if f.kind in causes.CULPRIT_CAUSES else "", server))
+                             causes.cause(f) if f.kind in causes.CULPRIT_CAUSES
+                             else str(f.param("cause", "not_started")) if f.kind == "fabric_not_ready" else "", server))
         if nfs.saturates_loads(self.s.storage):  # each load fills the slot table: NfsSlotTableSaturated is right
             out += [Truth("nfs_saturation", node_name(n), self.start + a.start, self.start + a.start - 3600,
                           self.start + a.start + min(a.job.load, a.end - a.start) + 3600)
@@ -170,7 +176,15 @@ class Fleet:
                 present &= t >= d.at
             if d.kind == "drain":
                 drained |= self._between(d.at, d.at + d.duration("lasts", 4 * 3600))
+        present &= ~self._rebooting(n)
         return present, drained
+
+    def _rebooting(self, n: int) -> np.ndarray:
+        """Per sample: the node is rebooting (its targets down, fleet/fabric.py)."""
+        out = np.zeros(self.t.size, bool)
+        for gone, back in fabric.reboots([e for e in (*self.s.faults, *self.s.distractors) if e.node == n]):
+            out |= self._between(gone, back)
+        return out
 
     def _schedule(self, n: int, drained: np.ndarray) -> dict[str, np.ndarray]:
         """Per sample, what the node does: masks by job kind and phase, and the inference load (0-1)."""
@@ -373,7 +387,6 @@ class Fleet:
                        **port)
             yield emit("node_infiniband_link_error_recovery_total", "node",
                        self._counter(own.ib["link_error_recovery"][p], 0), **port)
-            yield emit("node_infiniband_rate_bytes_per_second", "node", np.full(t.size, IB_RATE), **port)
 
         # --- gpunode-exporter
         # The workload: each attempt of a job has its id (a Kubernetes pod its UID); a node between
@@ -389,8 +402,10 @@ class Fleet:
                 yield emit("gpunode_node_workload_info", "gpunode", np.where(running, 1.0, np.nan),
                            source=source, workload=workload)
         yield from self._gpunode(n, faults, save, emit, lost, client, own, m)
+        rebooting = self._rebooting(n)  # Prometheus records its targets down meanwhile
         for job in ("gpunode", "node", "dcgm"):
-            yield emit("up", job, np.ones(t.size))
+            yield Series("up", tuple(sorted({**base, "job": job}.items())),
+                         np.where(rebooting, 0.0, emit("up", job, np.ones(t.size)).values))
 
     def _cluster(self) -> Iterator[Series]:
         """kube-state-metrics' pods and their owners, for the jobs that run on Kubernetes."""
@@ -417,8 +432,11 @@ class Fleet:
         yield emit("gpunode_kmsg_records_lost_total", "gpunode", ones * 0)
         if n not in self.s.no_save_clock:
             yield emit("gpunode_checkpoint_save_seconds_total", "gpunode", m["save_clock"])
-        klog = kernel.build(t, n, self.s.seed, faults, [d for d in self.s.distractors if d.node == n],
-                            [f for f in self.s.faults if f.kind in jobs.STORAGE_KILLS])
+        mine = [d for d in self.s.distractors if d.node == n]
+        klog = kernel.build(t, n, self.s.seed, faults, mine, [f for f in self.s.faults if f.kind in jobs.STORAGE_KILLS])
+        fab = fabric.build(t, self.s.step, n, self.s.seed, faults, mine)
+        for key, times in fab.link_events.items():  # the ports' link lines beside the kernel's other events
+            klog.events[key] = sorted([*klog.events.get(key, []), *times])
         xids: dict[tuple[int, int], np.ndarray] = dict(klog.xids)
         for g in range(GPUS):
             uuid = f"GPU-{n:08x}-0000-0000-0000-{g:012x}"
@@ -466,6 +484,8 @@ class Fleet:
                 yield emit("gpunode_gpu_nvlink_errors_total", "gpunode", np.cumsum(errors[g]) * shown,
                            link="all", type=kind, **gl)
             yield emit("gpunode_gpu_nvlink_links_up", "gpunode", own.links_up[g] * shown, **gl)
+            yield emit("gpunode_gpu_fabric_state", "gpunode", fab.gpu_state[g] * shown, **gl)
+            yield emit("gpunode_gpu_fabric_healthy", "gpunode", fab.gpu_healthy[g] * shown, **gl)
         for (g, code), count in xids.items():
             xl = {"gpu": str(g), "uuid": f"GPU-{n:08x}-0000-0000-0000-{g:012x}", "xid": str(code),
                   "action": XID_ACTIONS[code], "pci_bus_id": f"0000:{g:02x}:00.0"}
@@ -477,6 +497,7 @@ class Fleet:
         yield from self._nfs(faults, emit, client)
         yield from self._roce(emit, own, save)
         yield from self._kernel(klog, emit)
+        yield from fabric.series(fab, t, emit)
 
     def _kernel(self, klog: kernel.KernelLog, emit) -> Iterator[Series]:
         """The kernel log past Xid as the exporter serves it (fleet/kernel.py)."""
@@ -538,7 +559,6 @@ class Fleet:
         """The RoCE NIC (storage and the job's traffic over Ethernet): congestion, PFC and its transport errors."""
         t = self.t
         port = {"device": "mlx5_4", "port": "1"}
-        yield emit("gpunode_rdma_port_info", "gpunode", np.ones(t.size), netdev="eth1", link_layer="Ethernet", **port)
         yield emit("gpunode_storage_interface_info", "gpunode", np.ones(t.size), device="eth1", source="config")
         yield emit("gpunode_rdma_cnp_sent_total", "gpunode", self._counter(5.0 * own.congestion * self._noise(0.2)),
                    **port)
