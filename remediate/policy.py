@@ -177,8 +177,9 @@ class Jobs:
     lemon: Lemon = field(default_factory=Lemon)
     budget: int = 20  # requeues per budget.window
     # An end with no culprit yet waits this long for the rule pack's alerts: the Xid that killed the
-    # job reaches Alertmanager a minute or two later. Slurm keeps the record MinJobAge (300 s).
-    culprit_wait: float = 120.0
+    # job reaches Alertmanager a minute or two later, a fabric port's alert after its 2-minute `for`
+    # (fabric.down_for), 2-3.5 minutes after the end. Slurm keeps the record MinJobAge (300 s).
+    culprit_wait: float = 240.0
 
 
 @dataclass(frozen=True)
