@@ -43,6 +43,15 @@ def fabric_not_ready(node: str, status: str = "firing", **times: float) -> dict[
     return alert_json("GpuFabricNotReady", node, status, cause="not_started", gpu="0", uuid="GPU-fab00e11", **times)
 
 
+def rebooted_for_fabric(cluster: SlurmCluster, am: Alertmanager, node: str) -> tuple[float, dict[str, Any]]:
+    """GpuFabricNotReady on `node` (begun 5 minutes ago) until the service's reboot is done: when the alert
+    began, and the node as Slurm then shows it."""
+    starts = time.time() - 300
+    am.post(fabric_not_ready(node, starts=starts))
+    return starts, cluster.wait_state(node, lambda n: "DOWN" in flags(n) and not flags(n) & {
+        "REBOOT_REQUESTED", "REBOOT_ISSUED"}, timeout=60)
+
+
 def test_a_fabric_not_ready_reboots_and_the_node_returns_only_once_its_exporter_reports_the_fabric_complete(
         tmp_path: Path, cluster: SlurmCluster, alertmanager: Callable[..., Alertmanager]) -> None:  # noqa: F811
     """The exporter answers on the simulated NVML: first a node whose fabric manager never brings the
@@ -54,10 +63,7 @@ def test_a_fabric_not_ready_reboots_and_the_node_returns_only_once_its_exporter_
                               config=HGX_CONFIG, port=port) as url:
             svc = Service(tmp_path, cluster, url, fabric_wait="10m").start()
             am = alertmanager(svc)
-            starts = time.time() - 300
-            am.post(fabric_not_ready("gpu021", starts=starts))
-            down = cluster.wait_state("gpu021", lambda n: "DOWN" in flags(n) and not flags(n) & {
-                "REBOOT_REQUESTED", "REBOOT_ISSUED"}, timeout=60)
+            starts, down = rebooted_for_fabric(cluster, am, "gpu021")
             assert down["Reason"].startswith("gpunode: reboot GpuFabricNotReady cause=not_started gpu=0")
             am.post(fabric_not_ready("gpu021", "resolved", starts=starts, ends=time.time()))
             waiting = "not returned: fabric not complete: GPU 0,1,2,3,4,5,6,7 fabric not started"
@@ -84,10 +90,7 @@ def test_a_fabric_that_never_completes_after_the_reboot_holds_the_node_after_fab
         svc = Service(tmp_path, cluster, url, fabric_wait="4s").start()
         try:
             am = alertmanager(svc)
-            starts = time.time() - 300
-            am.post(fabric_not_ready("gpu022", starts=starts))
-            cluster.wait_state("gpu022", lambda n: "DOWN" in flags(n) and not flags(n) & {
-                "REBOOT_REQUESTED", "REBOOT_ISSUED"}, timeout=60)
+            starts, _ = rebooted_for_fabric(cluster, am, "gpu022")
             am.post(fabric_not_ready("gpu022", "resolved", starts=starts, ends=time.time()))
             held = cluster.wait_state("gpu022", lambda n: n["Reason"].startswith("gpunode: hold"), timeout=30)
             assert held["Reason"] == "gpunode: hold fabric not complete: GPU 0,1,2,3,4,5,6,7 fabric not started"
@@ -108,10 +111,7 @@ def test_a_fabric_alert_that_fires_again_after_the_reboot_holds_the_node_and_one
         svc = Service(tmp_path, cluster, url, fabric_wait="10m").start()
         try:
             am = alertmanager(svc)
-            starts = time.time() - 300
-            am.post(fabric_not_ready("gpu023", starts=starts))
-            cluster.wait_state("gpu023", lambda n: "DOWN" in flags(n) and not flags(n) & {
-                "REBOOT_REQUESTED", "REBOOT_ISSUED"}, timeout=60)
+            starts, _ = rebooted_for_fabric(cluster, am, "gpu023")
             wait("the reboot seen done", lambda: "gpu023  rebooted" in svc.command("status").stdout)
             booted = cluster.node("gpu023")["SlurmdStartTime"]
             time.sleep(4)  # two quiet periods, four looks: the stale alert holds nothing
