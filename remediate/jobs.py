@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpunode_remediate.alerts import Alert
-from gpunode_remediate.plan import DETAILS, MARKER, NodeView, span
+from gpunode_remediate.plan import MARKER, NodeView, details, span
 from gpunode_remediate.policy import Jobs, Policy
 
 BRANCHES = ("app_fault", "node_fault", "backoff", "held")
@@ -140,8 +140,7 @@ def _fault(policy: Policy, alert: Alert) -> str | None:
 
 
 def _evidence(alert: Alert, node: str) -> str:
-    details = [f"{k}={alert.labels[k]}" for k in DETAILS if alert.labels.get(k)]
-    return " ".join([alert.name, *details, "on", node])
+    return " ".join([alert.name, *details(alert.labels), "on", node])
 
 
 def culprits(policy: Policy, job: JobView, alerts: Mapping[str, Sequence[Alert]],

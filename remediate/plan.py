@@ -138,13 +138,17 @@ def wanted(policy: Policy, alerts: Iterable[Alert]) -> Wanted | None:
 
 # The alert labels that say what failed where: the Xid and its action, the fabric's cause, the GPU,
 # a port's device and number.
-DETAILS = ("xid", "action", "cause", "gpu", "device", "port")
+_DETAILS = ("xid", "action", "cause", "gpu", "device", "port")
+
+
+def details(labels: Mapping[str, str]) -> list[str]:
+    """`xid=79 gpu=3`, `device=mlx5_3 port=1`: what an alert's labels say failed where."""
+    return [f"{k}={labels[k]}" for k in _DETAILS if labels.get(k)]
 
 
 def drain_reason(action: str, want: Wanted, extra: str = "") -> str:
     """`gpunode: reboot GpuXidHardwareFault xid=79 gpu=3`: what sinfo -R shows an operator."""
-    details = [f"{k}={want.labels[k]}" for k in DETAILS if want.labels.get(k)]
-    text = " ".join([MARKER, action, want.alertname, *details]) + (f" ({extra})" if extra else "")
+    text = " ".join([MARKER, action, want.alertname, *details(want.labels)]) + (f" ({extra})" if extra else "")
     return text[:200]
 
 
@@ -347,11 +351,10 @@ def _outlived(policy: Policy, node: str, view: NodeView, record: Record, alerts:
     if not again:
         return None
     first, rule = again[0]
-    details = [f"{k}={first.labels[k]}" for k in DETAILS if first.labels.get(k)]
     after = f"fired again after its {cure}" + (f": {rule.why}" if rule.why else "")
     gpus = set(record.gpus) | {a.labels["gpu"] for a, _ in again if a.labels.get("gpu")}
     return Step(node, "hold", f"{first.name} {after}", phase="held", action="hold",
-                reason=" ".join([MARKER, "hold", first.name, *details, after])[:200],
+                reason=" ".join([MARKER, "hold", first.name, *details(first.labels), after])[:200],
                 gpus=tuple(sorted(gpus, key=lambda g: (len(g), g))),
                 fingerprints=tuple(sorted(a.fingerprint for a, _ in again)))
 

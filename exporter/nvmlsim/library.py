@@ -84,6 +84,13 @@ def _struct_version(struct: type[ctypes.Structure], version: int) -> int:
     return ctypes.sizeof(struct) | version << 24
 
 
+def _fill_fabric(info: Any, fabric: Any, t: float) -> Any:
+    """The fields every version of the fabric struct has, at simulated time t; the struct back."""
+    info.clusterUuid[:] = fabric.cluster_uuid
+    info.status, info.cliqueId, info.state = fabric.status.at(t), fabric.clique_id, fabric.state.at(t)
+    return info
+
+
 # nvmlGpuFabricInfo_v2 (0x02000024), nvmlGpuFabricInfo_v3 (0x03000028) -> (struct, version number)
 _FABRIC_VERSIONS = {_struct_version(_FabricInfoV2, 2): (_FabricInfoV2, 2),
                     _struct_version(_FabricInfoV3, 3): (_FabricInfoV3, 3)}
@@ -393,9 +400,7 @@ class SimulatedNVML:
 
     def _nvmlDeviceGetGpuFabricInfo(self, t: float, handle: int | None, out: int | None) -> None:  # noqa: N802
         fabric = self._fabric_of("nvmlDeviceGetGpuFabricInfo", t, handle)
-        info = _FabricInfo.from_address(_pointer(out))
-        info.clusterUuid[:] = fabric.cluster_uuid
-        info.status, info.cliqueId, info.state = fabric.status.at(t), fabric.clique_id, fabric.state.at(t)
+        _fill_fabric(_FabricInfo.from_address(_pointer(out)), fabric, t)
 
     def _nvmlDeviceGetGpuFabricInfoV(self, t: float, handle: int | None, out: int | None) -> None:  # noqa: N802
         """The version field picks the struct; one newer than the driver knows is a mismatch, as NVML answers."""
@@ -404,9 +409,7 @@ class SimulatedNVML:
         if known is None or known[1] > self.scenario.fabric_info_version:
             raise _NVMLReturn(E.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
         struct, version = known
-        info = struct.from_address(out)
-        info.clusterUuid[:] = fabric.cluster_uuid
-        info.status, info.cliqueId, info.state = fabric.status.at(t), fabric.clique_id, fabric.state.at(t)
+        info = _fill_fabric(struct.from_address(out), fabric, t)
         info.healthMask = fabric.health.at(t)
         if version >= 3:
             info.healthSummary = fabric.health_summary(t)
