@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,9 @@ def test_the_collector_counts_a_save_and_reports_an_unreadable_mountstats(tmp_pa
     stats.write_text(text)
     c = collector(tmp_path)
     try:
+        deadline = time.monotonic() + 20  # the thread's first read, however busy the machine
+        while collect_samples(c)["gpunode_checkpoint_samples_total"][()] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
         c.sample()
         # replaced whole, as the kernel serves it: the collector's own thread may read at any time
         fresh = tmp_path / "mountstats.new"
