@@ -9,10 +9,12 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +119,14 @@ def skip_without_kmsg() -> None:
         pytest.skip(f"/dev/kmsg cannot be read here ({err.strerror}): no kernel log to test against")
 
 
+def skip_without_fleet_tools() -> None:
+    """A fleet run needs Prometheus, promtool and VictoriaMetrics on the PATH."""
+    from fleet import harness  # numpy and the rule pack: paid for by the fleet's tests alone
+
+    if tools := harness.missing_tools():
+        pytest.skip(f"not installed: {', '.join(tools)} (scripts/install-deps.sh --test installs them)")
+
+
 def skip_unless_nobody_can_run_the_checkout() -> None:
     """A test that drops to nobody needs root, setpriv, and a checkout and venv nobody can read: a
     checkout under /root (mode 0700) is not one, and the test cannot say anything there."""
@@ -156,6 +166,27 @@ def render(families: Iterable[Family]) -> str:
 def collect_samples(collector: Collector) -> Series:
     """One collect() call, rendered and parsed back as Prometheus would."""
     return parse_exposition(render(collector.collect()))
+
+
+def serve_text(body: Callable[[str], str], host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """A server, already serving on a thread of its own, answering each GET with body(path) as an
+    exporter serves its metrics; the caller shuts it down."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            text = body(self.path).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def wait_for_port(port: int, alive: Callable[[], bool] = lambda: True, seconds: float = 20) -> None:

@@ -17,7 +17,7 @@ import requests
 from fleet import harness, scenario, score
 from fleet.harness import Firing
 from fleet.simulate import Fleet, Truth, node_name, workload_label
-from tests.helpers import free_port, wait_for_port
+from tests.helpers import free_port, skip_without_fleet_tools, wait_for_port
 
 # A rule replay runs one vmalert per CPU (fleet/harness.py): one replay at a time.
 pytestmark = pytest.mark.xdist_group("replay")
@@ -83,8 +83,7 @@ def test_scorer_wants_a_stragglers_node_named_with_its_cause() -> None:
 
 @pytest.mark.parametrize("backend", harness.BACKENDS)
 def test_harness_finds_the_known_fault_and_keeps_healthy_nodes_silent(backend: str, tmp_path: Path) -> None:
-    if tools := harness.missing_tools():
-        pytest.skip(f"not installed: {', '.join(tools)} (scripts/install-deps.sh --test installs them)")
+    skip_without_fleet_tools()
     fleet = _fleet()
     held: list[dict[str, Any]] = []
     run = harness.run(backend, fleet, tmp_path, free_port(), then=lambda url: held.extend(requests.get(
@@ -124,8 +123,7 @@ def test_shared_fleet_names_the_throttled_node_and_blames_no_node_for_a_job_wide
     """fleet/scenarios/shared-selftest.yaml: job a ends at 2h and its six nodes idle; job b fails at 1h
     and restarts 11 minutes later, and slows as a whole by 5 % at 4h45m; node 12 runs alone and a GPU
     of it is throttled at 4h30m."""
-    if tools := harness.missing_tools():
-        pytest.skip(f"not installed: {', '.join(tools)} (scripts/install-deps.sh --test installs them)")
+    skip_without_fleet_tools()
     shared = scenario.load("shared-selftest")
     fleet = Fleet(shared, (time.time() // 3600) * 3600 - shared.duration - 3600)
     assert [(a.job.name, a.number) for a in fleet.attempts] == [("a", 0), ("b", 0), ("b", 1), ("solo", 0)]
@@ -184,8 +182,7 @@ def test_runs_side_by_side_score_as_one_alone(backend: str, tmp_path: Path) -> N
     """Each run starts its own server on a free port and checks that the server answering is its
     own: two runs at once (a second `make fleet`, the test suite beside one) each score their own
     data, the same alert episodes as a run alone."""
-    if tools := harness.missing_tools():
-        pytest.skip(f"not installed: {', '.join(tools)} (scripts/install-deps.sh --test installs them)")
+    skip_without_fleet_tools()
     start = _fleet().start
 
     def episodes(name: str) -> list[tuple[str, tuple[tuple[str, str], ...], float, float]]:
@@ -202,8 +199,7 @@ def test_runs_side_by_side_score_as_one_alone(backend: str, tmp_path: Path) -> N
 
 def test_a_run_refuses_a_server_it_did_not_start(tmp_path: Path) -> None:
     """What a fixed port allowed: another run's server answering in place of this run's."""
-    if tools := harness.missing_tools():
-        pytest.skip(f"not installed: {', '.join(tools)} (scripts/install-deps.sh --test installs them)")
+    skip_without_fleet_tools()
     port = free_port()
     other = subprocess.Popen(["victoria-metrics", f"-storageDataPath={tmp_path / 'other'}",
                               f"-httpListenAddr=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)

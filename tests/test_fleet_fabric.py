@@ -18,7 +18,7 @@ import pytest
 from fleet import fabric, harness, jobcluster, jobreplay, scenario, score
 from fleet.simulate import Fleet, node_name
 from gpunode_exporter.collector import gpu, storage_network
-from tests.helpers import free_port, parse_exposition, wait_for_port
+from tests.helpers import free_port, parse_exposition, skip_without_fleet_tools, wait_for_port
 
 pytestmark = pytest.mark.xdist_group("replay")  # a rule replay runs one vmalert per CPU
 
@@ -150,8 +150,7 @@ def test_a_planned_reboot_takes_the_targets_down_and_brings_the_ports_up_within_
 
 @pytest.mark.parametrize("backend", harness.BACKENDS)
 def test_every_family_is_found_and_the_distractors_raise_nothing(backend: str, tmp_path: Path) -> None:
-    if tools := harness.missing_tools():
-        pytest.skip(f"not installed: {', '.join(tools)} (scripts/install-deps.sh --test installs them)")
+    skip_without_fleet_tools()
     fleet = _fleet()
     run = harness.run(backend, fleet, tmp_path, free_port())
     s = score.score(run.firing, fleet.truth(), [node_name(n) for n in range(SELFTEST.nodes)], SELFTEST.duration)

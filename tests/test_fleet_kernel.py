@@ -18,7 +18,7 @@ from fleet.harness import Firing
 from fleet.simulate import Fleet, Truth, node_name
 from gpunode_exporter.collector import xid as collector
 from gpunode_exporter.xid import kernel as exporter_kernel
-from tests.helpers import free_port
+from tests.helpers import free_port, skip_without_fleet_tools
 
 pytestmark = pytest.mark.xdist_group("replay")  # a rule replay runs one vmalert per CPU
 
@@ -103,8 +103,7 @@ def test_a_servers_alert_detects_its_outage_and_its_clients_alerts_are_false() -
 
 @pytest.mark.parametrize("backend", harness.BACKENDS)
 def test_every_family_is_found_and_the_outage_blames_no_node(backend: str, tmp_path: Path) -> None:
-    if tools := harness.missing_tools():
-        pytest.skip(f"not installed: {', '.join(tools)} (scripts/install-deps.sh --test installs them)")
+    skip_without_fleet_tools()
     fleet = _fleet()
     run = harness.run(backend, fleet, tmp_path, free_port())
     truth = fleet.truth()

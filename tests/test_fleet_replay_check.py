@@ -19,7 +19,7 @@ import requests
 from fleet import harness, remote_write, replay_check, scenario
 from fleet.replay_check import Gap, ReplayLostError, Written, ensure, evaluations, lost, written_from_stamps
 from fleet.simulate import Fleet
-from tests.helpers import free_port
+from tests.helpers import free_port, skip_without_fleet_tools
 
 # A rule replay runs one vmalert per CPU (fleet/harness.py): one replay at a time.
 pytestmark = pytest.mark.xdist_group("replay")
@@ -256,8 +256,7 @@ def _truncate_first_replay(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("backend", harness.BACKENDS)
 def test_a_truncated_replay_is_replayed_again_where_it_lost_evaluations(
         backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    if tools := harness.missing_tools():
-        pytest.skip(f"not installed: {', '.join(tools)} (scripts/install-deps.sh --test installs them)")
+    skip_without_fleet_tools()
     fleet = Fleet(SELFTEST, (time.time() // 3600) * 3600 - SELFTEST.duration - 3600)
     _truncate_first_replay(monkeypatch)
     run = harness.run(backend, fleet, tmp_path, free_port())
@@ -270,8 +269,7 @@ def test_a_truncated_replay_is_replayed_again_where_it_lost_evaluations(
 
 
 def test_a_replay_whose_retries_write_nothing_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    if tools := harness.missing_tools():
-        pytest.skip(f"not installed: {', '.join(tools)} (scripts/install-deps.sh --test installs them)")
+    skip_without_fleet_tools()
     fleet = Fleet(SELFTEST, (time.time() // 3600) * 3600 - SELFTEST.duration - 3600)
     _truncate_first_replay(monkeypatch)
     monkeypatch.setattr(harness, "_gap_spans", lambda rule_file, gap: [])  # the retries lose it again
@@ -295,8 +293,7 @@ def test_a_series_first_seen_at_midnight_is_probed_as_the_replays_range_queries_
     evaluation) has b at 00:00 and not at 00:00:30, in a range query over the hour around it, as
     the replay writes it; the probe must say the same at each evaluation. (An instant query at
     00:00:30 on VictoriaMetrics, whose window then ends at 00:00 exactly, saw b as new again.)"""
-    if tools := harness.missing_tools():
-        pytest.skip(f"not installed: {', '.join(tools)} (scripts/install-deps.sh --test installs them)")
+    skip_without_fleet_tools()
     fleet = Fleet(SELFTEST, (time.time() // 3600) * 3600 - SELFTEST.duration - 3600)
     midnight = fleet.timestamps[0] // 86400 * 86400
     stamps = grid(midnight - 1200, midnight + 600)

@@ -5,9 +5,8 @@ whose answer the test changes, through the worker and the generic command adapte
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from gpunode_remediate import policy as policies
 from gpunode_remediate.cli import status_text
 from gpunode_remediate.health import fabric_trouble
 from gpunode_remediate.state import State
-from tests.helpers import free_port
+from tests.helpers import free_port, serve_text
 from tests.remediation import alert_json
 from tests.test_remediate_engine import Clock, calls, cluster, deliver, engine  # noqa: F401
 
@@ -80,25 +79,13 @@ class Exporter:
     def __init__(self) -> None:
         self.text = exposition()
         self.asked: list[str] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                outer.asked.append(self.path)
-                body = outer.text.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
         self.port = free_port()
         self.server: ThreadingHTTPServer | None = None
-        self.handler = Handler
         self.url = f"http://127.0.0.1:{self.port}/metrics?node={{node}}"
+
+    def _answer(self, path: str) -> str:
+        self.asked.append(path)
+        return self.text
 
     @property
     def up(self) -> bool:
@@ -107,8 +94,7 @@ class Exporter:
     @up.setter
     def up(self, value: bool) -> None:
         if value and self.server is None:
-            self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self.handler)
-            threading.Thread(target=self.server.serve_forever, daemon=True).start()
+            self.server = serve_text(self._answer, port=self.port)
         elif not value and self.server is not None:
             self.server.shutdown()
             self.server.server_close()

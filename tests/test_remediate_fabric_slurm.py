@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,22 @@ def rebooted_for_fabric(cluster: SlurmCluster, am: Alertmanager, node: str) -> t
         "REBOOT_REQUESTED", "REBOOT_ISSUED"}, timeout=60)
 
 
+@contextmanager
+def rebooted_not_ready(tmp_path: Path, cluster: SlurmCluster, alertmanager: Callable[..., Alertmanager],  # noqa: F811
+                       node: str, fabric_wait: str) -> Iterator[tuple[Service, Alertmanager, float]]:
+    """The service, its Alertmanager and when GpuFabricNotReady began, once `node` is rebooted for it; the
+    node's exporter, on the shipped fabric-not-ready scenario, keeps reporting the fabric not started."""
+    with healthy_exporter(tmp_path / "not-ready", *HGX, scenario=SCENARIOS / "fabric-not-ready.yaml",
+                          config=HGX_CONFIG) as url:
+        svc = Service(tmp_path, cluster, url, fabric_wait=fabric_wait).start()
+        try:
+            am = alertmanager(svc)
+            starts, _ = rebooted_for_fabric(cluster, am, node)
+            yield svc, am, starts
+        finally:
+            svc.stop()
+
+
 def test_a_fabric_not_ready_reboots_and_the_node_returns_only_once_its_exporter_reports_the_fabric_complete(
         tmp_path: Path, cluster: SlurmCluster, alertmanager: Callable[..., Alertmanager]) -> None:  # noqa: F811
     """The exporter answers on the simulated NVML: first a node whose fabric manager never brings the
@@ -85,20 +102,13 @@ def test_a_fabric_not_ready_reboots_and_the_node_returns_only_once_its_exporter_
 
 def test_a_fabric_that_never_completes_after_the_reboot_holds_the_node_after_fabric_wait(
         tmp_path: Path, cluster: SlurmCluster, alertmanager: Callable[..., Alertmanager]) -> None:  # noqa: F811
-    with healthy_exporter(tmp_path / "not-ready", *HGX, scenario=SCENARIOS / "fabric-not-ready.yaml",
-                          config=HGX_CONFIG) as url:
-        svc = Service(tmp_path, cluster, url, fabric_wait="4s").start()
-        try:
-            am = alertmanager(svc)
-            starts, _ = rebooted_for_fabric(cluster, am, "gpu022")
-            am.post(fabric_not_ready("gpu022", "resolved", starts=starts, ends=time.time()))
-            held = cluster.wait_state("gpu022", lambda n: n["Reason"].startswith("gpunode: hold"), timeout=30)
-            assert held["Reason"] == "gpunode: hold fabric not complete: GPU 0,1,2,3,4,5,6,7 fabric not started"
-            assert "gpu022  held" in svc.command("status").stdout
-            time.sleep(3)
-            assert "IDLE" not in flags(cluster.node("gpu022")) and cluster.reboots("gpu022") == 1
-        finally:
-            svc.stop()
+    with rebooted_not_ready(tmp_path, cluster, alertmanager, "gpu022", fabric_wait="4s") as (svc, am, starts):
+        am.post(fabric_not_ready("gpu022", "resolved", starts=starts, ends=time.time()))
+        held = cluster.wait_state("gpu022", lambda n: n["Reason"].startswith("gpunode: hold"), timeout=30)
+        assert held["Reason"] == "gpunode: hold fabric not complete: GPU 0,1,2,3,4,5,6,7 fabric not started"
+        assert "gpu022  held" in svc.command("status").stdout
+        time.sleep(3)
+        assert "IDLE" not in flags(cluster.node("gpu022")) and cluster.reboots("gpu022") == 1
 
 
 def test_a_fabric_alert_that_fires_again_after_the_reboot_holds_the_node_and_one_from_before_does_not(
@@ -106,28 +116,21 @@ def test_a_fabric_alert_that_fires_again_after_the_reboot_holds_the_node_and_one
     """The exporter keeps reporting the fabric not started after the reboot. The alert from before the
     reboot, not yet resolved, keeps the node waiting; the rule pack's alert again after the boot holds it
     at once, long before fabric_wait."""
-    with healthy_exporter(tmp_path / "not-ready", *HGX, scenario=SCENARIOS / "fabric-not-ready.yaml",
-                          config=HGX_CONFIG) as url:
-        svc = Service(tmp_path, cluster, url, fabric_wait="10m").start()
-        try:
-            am = alertmanager(svc)
-            starts, _ = rebooted_for_fabric(cluster, am, "gpu023")
-            wait("the reboot seen done", lambda: "gpu023  rebooted" in svc.command("status").stdout)
-            booted = cluster.node("gpu023")["SlurmdStartTime"]
-            time.sleep(4)  # two quiet periods, four looks: the stale alert holds nothing
-            assert cluster.node("gpu023")["Reason"].startswith("gpunode: reboot GpuFabricNotReady")
-            assert "gpu023  rebooted" in svc.command("status").stdout
-            # Resolved (the node gets as far as the fabric gate), then the rule pack's alert again.
-            am.post(fabric_not_ready("gpu023", "resolved", starts=starts, ends=time.time()))
-            wait("the fabric gate", lambda: "not returned: fabric not complete" in svc.command("status").stdout)
-            am.post(fabric_not_ready("gpu023", starts=time.time()))
-            held = cluster.wait_state("gpu023", lambda n: n["Reason"].startswith("gpunode: hold"), timeout=30)
-            assert held["Reason"] == ("gpunode: hold GpuFabricNotReady cause=not_started gpu=0 fired again after its "
-                                      "reboot: the NVLink fabric is not ready: a reboot brings it up")
-            assert "gpu023  held" in svc.command("status").stdout
-            time.sleep(3)
-            node = cluster.node("gpu023")
-            assert "IDLE" not in flags(node) and cluster.reboots("gpu023") == 1, node
-            assert node["SlurmdStartTime"] == booted
-        finally:
-            svc.stop()
+    with rebooted_not_ready(tmp_path, cluster, alertmanager, "gpu023", fabric_wait="10m") as (svc, am, starts):
+        wait("the reboot seen done", lambda: "gpu023  rebooted" in svc.command("status").stdout)
+        booted = cluster.node("gpu023")["SlurmdStartTime"]
+        time.sleep(4)  # two quiet periods, four looks: the stale alert holds nothing
+        assert cluster.node("gpu023")["Reason"].startswith("gpunode: reboot GpuFabricNotReady")
+        assert "gpu023  rebooted" in svc.command("status").stdout
+        # Resolved (the node gets as far as the fabric gate), then the rule pack's alert again.
+        am.post(fabric_not_ready("gpu023", "resolved", starts=starts, ends=time.time()))
+        wait("the fabric gate", lambda: "not returned: fabric not complete" in svc.command("status").stdout)
+        am.post(fabric_not_ready("gpu023", starts=time.time()))
+        held = cluster.wait_state("gpu023", lambda n: n["Reason"].startswith("gpunode: hold"), timeout=30)
+        assert held["Reason"] == ("gpunode: hold GpuFabricNotReady cause=not_started gpu=0 fired again after its "
+                                  "reboot: the NVLink fabric is not ready: a reboot brings it up")
+        assert "gpu023  held" in svc.command("status").stdout
+        time.sleep(3)
+        node = cluster.node("gpu023")
+        assert "IDLE" not in flags(node) and cluster.reboots("gpu023") == 1, node
+        assert node["SlurmdStartTime"] == booted

@@ -31,7 +31,7 @@ import requests
 import yaml
 
 from gpunode_exporter.cli import main
-from tests.helpers import free_port, wait_for_port
+from tests.helpers import free_port, serve_text, wait_for_port
 
 NODES = [f"127.0.0.{11 + i}" for i in range(6)]
 PRECURSOR, REMAP = NODES[2], NODES[5]
@@ -56,22 +56,7 @@ def _gpunode_text(_i: int, host: str) -> str:
 
 def _serve(host: str, port: int, text) -> ThreadingHTTPServer:  # type: ignore[no-untyped-def]
     i = NODES.index(host)
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = text(i, host).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    return serve_text(lambda _path: text(i, host), host, port)
 
 
 def _jobs(ports: dict[str, int], shard: int | None) -> list[dict]:
